@@ -1,0 +1,141 @@
+"""Per-prompt execution environments: the interface, the local backend and the factory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# Only these host variables reach a sandboxed command; everything else (API keys above all) stays out.
+SAFE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+}
+
+
+class SandboxError(Exception):
+    """The environment itself failed (not the command the model ran)."""
+
+
+@dataclass
+class ExecResult:
+    """What a command printed (stdout and stderr interleaved), its exit code, and whether it timed out."""
+
+    output: str
+    exit_code: int
+    timed_out: bool = False
+
+
+@dataclass
+class SandboxSpec:
+    """Where one prompt runs: backend kind, container image, working directory and limits."""
+
+    kind: str = "local"  # "local" or "docker"
+    image: str | None = None
+    cwd: str | None = None
+    run_name: str = "run"
+    memory: str = "1g"
+    cpus: float = 1.0
+    pids: int = 256
+    network: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class Sandbox(Protocol):
+    """A prompt's environment; tools act only through it."""
+
+    workdir: str
+
+    def exec(self, command: str, timeout: float) -> ExecResult: ...
+
+    def read_file(self, path: str) -> bytes: ...
+
+    def write_file(self, path: str, data: bytes) -> None: ...
+
+    def cleanup(self) -> None: ...
+
+
+def resolve_path(workdir: str, path: str) -> str:
+    """A path as the model gave it, relative paths taken from the working directory."""
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(workdir, path))
+
+
+class LocalSandbox:
+    """A fresh temporary directory on this machine (or the row's cwd, used as given)."""
+
+    def __init__(self, cwd: str | None = None):
+        self._tmp = tempfile.mkdtemp(prefix="br-sandbox-")
+        self.workdir = cwd or self._tmp
+        if cwd and not os.path.isdir(cwd):
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise SandboxError(f"cwd {cwd!r} is not a directory on this machine")
+        self._env = dict(SAFE_ENV, HOME=self._tmp, TMPDIR=self._tmp, PWD=self.workdir)
+
+    def exec(self, command: str, timeout: float) -> ExecResult:
+        # A new session lets a timeout kill the whole process group, not just the shell.
+        proc = subprocess.Popen(
+            ["/bin/bash", "-c", command],
+            cwd=self.workdir,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            return ExecResult(out.decode("utf-8", "replace"), proc.returncode)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, _ = proc.communicate()
+            return ExecResult(out.decode("utf-8", "replace"), -9, timed_out=True)
+
+    def read_file(self, path: str) -> bytes:
+        with open(resolve_path(self.workdir, path), "rb") as f:
+            return f.read()
+
+    def write_file(self, path: str, data: bytes) -> None:
+        full = resolve_path(self.workdir, path)
+        os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+        with open(full, "wb") as f:
+            f.write(data)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def uses_docker(spec: SandboxSpec) -> bool:
+    """A row with an image runs in Docker whatever the default backend."""
+    return spec.kind == "docker" or bool(spec.image)
+
+
+def prepare_sandbox(spec: SandboxSpec) -> None:
+    """Check, before any model call, that the prompt's environment can be made; raise SandboxError if not."""
+    if uses_docker(spec):
+        import sandbox_docker
+
+        sandbox_docker.ensure_image(spec)
+    elif spec.cwd and not os.path.isdir(spec.cwd):
+        raise SandboxError(f"cwd {spec.cwd!r} is not a directory on this machine")
+
+
+def create_sandbox(spec: SandboxSpec) -> Sandbox:
+    """Make the prompt's environment; the caller must call cleanup() whatever happens."""
+    if uses_docker(spec):
+        import sandbox_docker
+
+        return sandbox_docker.DockerSandbox(spec)
+    return LocalSandbox(spec.cwd)
