@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sandbox import Sandbox, SandboxSpec, create_sandbox
 
@@ -33,7 +34,15 @@ ALL_TOOL_NAMES: tuple[str, ...] = tuple(t for tools in TOOLSETS.values() for t i
 TOOLSET_OF: dict[str, str] = {t: ts for ts, tools in TOOLSETS.items() for t in tools}
 
 # Modules that register tools; one missing (its issue not landed) leaves its tools unavailable.
-TOOL_MODULES = ("tools_terminal", "tools_file", "tools_web", "tools_vision", "tools_image", "tools_moa", "tools_browser")
+TOOL_MODULES = (
+    "tools_terminal",
+    "tools_file",
+    "tools_web",
+    "tools_vision",
+    "tools_image",
+    "tools_moa",
+    "tools_browser",
+)
 
 
 @dataclass
@@ -176,12 +185,7 @@ def load_tools() -> dict[str, Tool]:
 def offered_tools(toolsets: list[str], settings: ToolSettings) -> list[Tool]:
     """The tools of the sampled toolsets that can work with these settings."""
     tools = load_tools()
-    return [
-        tools[name]
-        for ts in toolsets
-        for name in TOOLSETS[ts]
-        if tools[name].unavailable(settings) is None
-    ]
+    return [tools[name] for ts in toolsets for name in TOOLSETS[ts] if tools[name].unavailable(settings) is None]
 
 
 def unavailable_tools(settings: ToolSettings) -> dict[str, str]:

@@ -1,0 +1,94 @@
+"""The agent loop (SPEC §4): ask the model, run the tools it calls, repeat until it answers or a limit stops it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from model_client import ContextOverflow, ModelClient
+from reasoning import split_reasoning
+from tool_registry import Tool, ToolContext, call_tool
+
+UNKNOWN_TOOL_LIMIT = 3
+
+
+@dataclass
+class AgentResult:
+    """What the loop did: the saved messages (user turn onward), how it ended, and how many calls it made."""
+
+    messages: list[dict]
+    completed: bool = False
+    partial: bool = False
+    stop_reason: str = ""
+    api_calls: int = 0
+    tool_schemas: list[dict] = field(default_factory=list)
+
+
+def run_agent(
+    prompt: str,
+    client: ModelClient,
+    tools: list[Tool],
+    ctx: ToolContext,
+    max_turns: int,
+    system_prompt: str | None = None,
+    prefill: list[dict] | None = None,
+) -> AgentResult:
+    """Run one prompt; model errors that outlast the retries propagate (the prompt fails)."""
+    by_name = {t.name: t for t in tools}
+    schemas = [t.schema() for t in tools]
+    # The system prompt and prefill are sent on every call but never saved.
+    prefix = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + list(prefill or [])
+    saved: list[dict] = [{"role": "user", "content": prompt}]
+    result = AgentResult(messages=saved, tool_schemas=schemas)
+    unknown_streak = 0
+    while result.api_calls < max_turns:
+        result.api_calls += 1
+        try:
+            response = client.chat(prefix + [_for_api(m) for m in saved], schemas)
+        except ContextOverflow:
+            result.partial, result.stop_reason = True, "context_overflow"
+            return result
+        ctx.usage.add(response.usage)
+        choice = response.choices[0]
+        calls = choice.message.tool_calls or []
+        if any(c.function.name not in by_name for c in calls):
+            # Never executed, never saved: the model is asked again with the same conversation.
+            unknown_streak += 1
+            if unknown_streak >= UNKNOWN_TOOL_LIMIT:
+                result.partial, result.stop_reason = True, "unknown_tool"
+                return result
+            continue
+        unknown_streak = 0
+        reasoning, content = split_reasoning(choice.message)
+        assistant: dict = {"role": "assistant", "content": content, "reasoning": reasoning}
+        if calls:
+            assistant["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for c in calls
+            ]
+        saved.append(assistant)
+        if choice.finish_reason == "length":
+            # The reply was cut off; its tool calls may be truncated, so none are run.
+            result.partial, result.stop_reason = True, "length"
+            return result
+        if not calls:
+            result.completed, result.stop_reason = True, "answered"
+            return result
+        for c in calls:
+            output, _ok = call_tool(by_name[c.function.name], c.function.arguments, ctx)
+            saved.append({"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": output})
+    result.stop_reason = "max_turns"
+    return result
+
+
+def _for_api(message: dict) -> dict:
+    """The message as the endpoint expects it (our reasoning field stays local)."""
+    if message["role"] != "assistant":
+        return message
+    out = {"role": "assistant", "content": message["content"] or None}
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    return out

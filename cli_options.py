@@ -1,0 +1,173 @@
+"""Turning command-line values into checked settings; every problem is a one-line FatalError."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+from model_client import PROVIDER_SORTS, REASONING_EFFORTS
+
+# Flags whose value is text: Fire would otherwise turn "a, b" into a tuple and "123" into an int.
+STRING_FLAGS = (
+    "dataset_file",
+    "run_name",
+    "distribution",
+    "model",
+    "base_url",
+    "api_key",
+    "provider_sort",
+    "reasoning_effort",
+    "ephemeral_system_prompt",
+    "prefill_messages_file",
+    "sandbox",
+    "docker_image",
+    "docker_memory",
+    "ray_address",
+    "vision_model",
+    "image_model",
+    "image_base_url",
+    "moa_aggregator",
+    "local_model_path",
+    "output_dir",
+)
+KEY_HOSTS = ("openrouter.ai", "api.openai.com")
+
+
+class FatalError(Exception):
+    """A problem that stops the run before it starts: printed as one line, exit code 2."""
+
+
+def quote_string_flags(argv: list[str]) -> list[str]:
+    """Make Fire keep the values of text flags exactly as typed (it parses values as Python literals)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        flag = name[2:].replace("-", "_") if name.startswith("--") else None
+        if flag in STRING_FLAGS:
+            if eq:
+                out.append(f"{name}={value!r}")
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out.extend([name, repr(argv[i + 1])])
+                i += 1
+            else:
+                out.append(arg)
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    """An integer flag, at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise FatalError(f"--{name} must be a whole number ≥ {minimum}, got {value!r}")
+    return value
+
+
+def positive_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise FatalError(f"--{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def boolean(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    raise FatalError(f"--{name} must be true or false, got {value!r}")
+
+
+def name_list(name: str, value: Any) -> tuple[str, ...]:
+    """A comma-separated list; Fire may already have split it into a tuple or list."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, (list, tuple)):
+        items = [str(v) for v in value]
+    elif isinstance(value, str):
+        items = value.split(",")
+    else:
+        items = [str(value)]
+    items = [i.strip() for i in items if i.strip()]
+    if not items:
+        raise FatalError(f"--{name} is empty; give comma-separated names")
+    return tuple(items)
+
+
+def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str | None:
+    if value is None:
+        return None
+    if value not in allowed:
+        raise FatalError(f"--{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def reasoning_effort(value: Any) -> str | None:
+    return choice("reasoning_effort", value, REASONING_EFFORTS)
+
+
+def provider_sort(value: Any) -> str | None:
+    return choice("provider_sort", value, PROVIDER_SORTS)
+
+
+def run_name(value: Any) -> str:
+    if value is None or str(value).strip() == "":
+        raise FatalError("--run_name is required: output goes to data/<run_name>/")
+    value = str(value)
+    if "/" in value or value in (".", "..") or "\x00" in value:
+        raise FatalError(f"--run_name {value!r} must be a plain name, not a path")
+    return value
+
+
+def api_key(flag_value: Any, base_url: str, needed: bool) -> str:
+    """--api_key, else OPENROUTER_API_KEY, else OPENAI_API_KEY; required for the hosted endpoints."""
+    key = str(flag_value) if flag_value else os.environ.get("OPENROUTER_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    host = urlparse(base_url).hostname or ""
+    if not key and needed and any(host == h or host.endswith("." + h) for h in KEY_HOSTS):
+        raise FatalError(f"no API key for {host}: pass --api_key or set OPENROUTER_API_KEY (or OPENAI_API_KEY)")
+    return key or ""
+
+
+def base_url(value: Any) -> str:
+    value = str(value)
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise FatalError(f"--base_url must be an http(s) URL, got {value!r}")
+    return value.rstrip("/")
+
+
+def prefill_messages(path: Any) -> list[dict]:
+    """The prefill file: a JSON array of {role, content}."""
+    if not path:
+        return []
+    try:
+        with open(str(path), encoding="utf-8-sig") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise FatalError(f"prefill file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FatalError(f"cannot read prefill file {path}: {e}") from None
+    except ValueError as e:
+        raise FatalError(f"prefill file {path} is not valid JSON: {e}") from None
+    if not isinstance(data, list):
+        raise FatalError(f"prefill file {path} must hold a JSON array of {{role, content}} objects")
+    for i, m in enumerate(data):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ("system", "user", "assistant")
+            or not isinstance(m.get("content"), str)
+        ):
+            raise FatalError(
+                f'prefill file {path}: item {i} must be {{"role": system|user|assistant, "content": string}}'
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in data]
+
+
+def secrets_in_environment() -> tuple[str, ...]:
+    """Values of environment variables that look like credentials, to redact from everything written."""
+    words = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+    return tuple(v for k, v in os.environ.items() if any(w in k.upper() for w in words) and len(v) >= 8)

@@ -1,0 +1,156 @@
+"""Chat-completion calls to any OpenAI-compatible endpoint, with OpenRouter extras and retries."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
+PROVIDER_SORTS = ("price", "throughput", "latency")
+
+
+class ModelCallError(Exception):
+    """A model call failed for good (retries exhausted or an error retrying cannot fix)."""
+
+
+class ContextOverflow(ModelCallError):
+    """The conversation no longer fits the model's context window."""
+
+
+@dataclass
+class ModelSettings:
+    """Where and how to call the model; the API key never leaves this object except in the request header."""
+
+    model: str
+    base_url: str
+    api_key: str = field(repr=False)
+    request_timeout: float = 600.0
+    max_retries: int = 5
+    retry_base_delay: float = 1.0
+    retry_max_delay: float = 60.0
+    providers_allowed: tuple[str, ...] = ()
+    providers_ignored: tuple[str, ...] = ()
+    providers_order: tuple[str, ...] = ()
+    provider_sort: str | None = None
+    reasoning_effort: str | None = None
+    reasoning_disabled: bool = False
+
+    def extra_body(self) -> dict:
+        """OpenRouter's `provider` and `reasoning` request fields, only when asked for."""
+        body: dict[str, Any] = {}
+        provider = {
+            k: v
+            for k, v in (
+                ("only", list(self.providers_allowed)),
+                ("ignore", list(self.providers_ignored)),
+                ("order", list(self.providers_order)),
+                ("sort", self.provider_sort),
+            )
+            if v
+        }
+        if provider:
+            body["provider"] = provider
+        if self.reasoning_disabled:
+            body["reasoning"] = {"effort": "none"}
+        elif self.reasoning_effort:
+            body["reasoning"] = {"enabled": True, "effort": self.reasoning_effort}
+        return body
+
+
+_RETRYABLE = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+_CONTEXT_WORDS = ("context_length_exceeded", "maximum context length", "context length", "too many tokens")
+
+
+class ModelClient:
+    """One client per process; httpx pools connections and is safe to share between threads."""
+
+    def __init__(self, settings: ModelSettings):
+        self.settings = settings
+        self._client = openai.OpenAI(
+            base_url=settings.base_url,
+            api_key=settings.api_key or "none",
+            timeout=settings.request_timeout,
+            max_retries=0,  # retried here, so that malformed bodies and Retry-After get one policy
+            http_client=httpx.Client(
+                timeout=settings.request_timeout,
+                limits=httpx.Limits(max_connections=1024, max_keepalive_connections=512),
+            ),
+        )
+        self._rng = random.Random()
+        self._lock = threading.Lock()
+
+    def chat(self, messages: list[dict], tools: list[dict]) -> Any:
+        """One chat completion; retried on 429, 5xx, timeouts, dropped connections and malformed replies."""
+        s = self.settings
+        kwargs: dict[str, Any] = {"model": s.model, "messages": messages}
+        if tools:
+            kwargs["tools"] = tools
+        extra = s.extra_body()
+        if extra:
+            kwargs["extra_body"] = extra
+        attempt = 0
+        while True:
+            try:
+                response = self._client.chat.completions.create(**kwargs)
+                if not getattr(response, "choices", None):
+                    raise _Malformed("reply has no choices")
+                return response
+            except openai.BadRequestError as e:
+                text = f"{e.code or ''} {e.message}".lower()
+                if any(w in text for w in _CONTEXT_WORDS):
+                    raise ContextOverflow(f"context overflow: {_short(e)}") from e
+                raise ModelCallError(f"request rejected: {_short(e)}") from e
+            except _RETRYABLE + (_Malformed, json.JSONDecodeError, openai.APIResponseValidationError) as e:
+                if attempt >= s.max_retries:
+                    raise ModelCallError(f"{_describe(e)} (after {attempt + 1} attempts)") from e
+                time.sleep(self._delay(attempt, e))
+                attempt += 1
+            except openai.APIStatusError as e:
+                raise ModelCallError(_describe(e)) from e
+
+    def _delay(self, attempt: int, error: Exception) -> float:
+        retry_after = _retry_after(error)
+        if retry_after is not None:
+            return min(retry_after, self.settings.retry_max_delay)
+        with self._lock:
+            jitter = self._rng.uniform(0.75, 1.25)
+        return min(self.settings.retry_base_delay * 2**attempt, self.settings.retry_max_delay) * jitter
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _retry_after(error: Exception) -> float | None:
+    response = getattr(error, "response", None)
+    if response is None:
+        return None
+    value = response.headers.get("retry-after")
+    try:
+        return max(float(value), 0.0) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _short(e: openai.APIStatusError) -> str:
+    return f"HTTP {e.status_code}: {(e.message or '')[:200]}"
+
+
+def _describe(e: Exception) -> str:
+    """A one-line reason for failed.jsonl; never includes request headers (the key lives there)."""
+    if isinstance(e, openai.APITimeoutError):
+        return "request timed out"
+    if isinstance(e, openai.APIConnectionError):
+        return "connection failed or dropped"
+    if isinstance(e, openai.APIStatusError):
+        return _short(e)
+    if isinstance(e, (json.JSONDecodeError, openai.APIResponseValidationError, _Malformed)):
+        return f"malformed reply: {str(e)[:200]}"
+    return f"{type(e).__name__}: {str(e)[:200]}"

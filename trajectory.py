@@ -1,0 +1,126 @@
+"""Messages → the §5 trajectory line (ShareGPT turns), tool statistics and reasoning statistics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from reasoning import has_think_block, with_think_block
+from tool_registry import ALL_TOOL_NAMES
+
+
+def to_conversations(messages: list[dict]) -> list[dict]:
+    """OpenAI-format messages (user turn onward) → ShareGPT turns with tool calls and tool results."""
+    turns: list[dict] = []
+    for m in messages:
+        role = m["role"]
+        if role == "user":
+            turns.append({"from": "human", "value": m["content"]})
+        elif role == "assistant":
+            turn: dict[str, Any] = {
+                "from": "gpt",
+                "value": with_think_block(m.get("reasoning") or "", m.get("content") or ""),
+            }
+            if m.get("tool_calls"):
+                turn["tool_calls"] = [
+                    {
+                        "id": c["id"],
+                        "name": c["function"]["name"],
+                        "arguments": _as_json_string(c["function"]["arguments"]),
+                    }
+                    for c in m["tool_calls"]
+                ]
+            turns.append(turn)
+        elif role == "tool":
+            turns.append({"from": "tool", "value": m["content"], "tool_call_id": m["tool_call_id"], "name": m["name"]})
+    return turns
+
+
+def tool_stats(conversations: list[dict]) -> dict[str, dict[str, int]]:
+    """Per tool: calls, successes, failures — every §3 tool named, results matched to calls by tool_call_id."""
+    stats = {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOL_NAMES}
+    results = {t.get("tool_call_id"): t.get("value", "") for t in conversations if t.get("from") == "tool"}
+    for turn in conversations:
+        for call in turn.get("tool_calls") or []:
+            name = call.get("name")
+            entry = stats.setdefault(name, {"count": 0, "success": 0, "failure": 0})
+            entry["count"] += 1
+            ok = call.get("id") in results and result_succeeded(results[call.get("id")])
+            entry["success" if ok else "failure"] += 1
+    return stats
+
+
+def result_succeeded(value: str) -> bool:
+    """A tool result succeeded unless it is a JSON object with a non-empty error."""
+    try:
+        parsed = json.loads(value)
+    except (TypeError, ValueError):
+        return True
+    return not (isinstance(parsed, dict) and parsed.get("error"))
+
+
+def reasoning_counts(conversations: list[dict]) -> tuple[int, int]:
+    """(gpt turns with reasoning, gpt turns without)."""
+    gpt = [t for t in conversations if t.get("from") == "gpt"]
+    with_r = sum(1 for t in gpt if has_think_block(t.get("value") or ""))
+    return with_r, len(gpt) - with_r
+
+
+def unknown_tools(conversations: list[dict]) -> set[str]:
+    """Tool names called in these turns that are not tools of §3."""
+    known = set(ALL_TOOL_NAMES)
+    return {c.get("name") for t in conversations for c in t.get("tool_calls") or []} - known
+
+
+def build_record(
+    *,
+    prompt_index: int,
+    messages: list[dict],
+    batch_num: int,
+    timestamp: str,
+    model: str,
+    completed: bool,
+    partial: bool,
+    api_calls: int,
+    toolsets: list[str],
+    usage: dict,
+    tool_schemas: list[dict],
+) -> dict:
+    """One trajectory line; every line has the same keys and nested shape, so `datasets` loads any mix."""
+    conversations = to_conversations(messages)
+    stats = tool_stats(conversations)
+    return {
+        "prompt_index": prompt_index,
+        "conversations": conversations,
+        "metadata": {"batch_num": batch_num, "timestamp": timestamp, "model": model},
+        "completed": completed,
+        "partial": partial,
+        "api_calls": api_calls,
+        "toolsets_used": list(toolsets),
+        "tool_stats": stats,
+        "tool_error_counts": {name: s["failure"] for name, s in stats.items()},
+        "usage": {k: int(usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+        "tools": json.dumps(tool_schemas, ensure_ascii=False),
+    }
+
+
+def first_human(record: dict) -> str | None:
+    """The prompt text a record answers (its first human turn)."""
+    for turn in record.get("conversations") or []:
+        if turn.get("from") == "human":
+            return turn.get("value")
+    return None
+
+
+def merge_stats(totals: dict[str, dict[str, int]], records: Iterable[dict]) -> None:
+    """Add the tool_stats of records into running totals."""
+    for r in records:
+        for name, s in (r.get("tool_stats") or {}).items():
+            t = totals.setdefault(name, {"count": 0, "success": 0, "failure": 0})
+            for k in ("count", "success", "failure"):
+                t[k] += int(s.get(k, 0))
+
+
+def _as_json_string(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
