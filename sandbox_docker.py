@@ -149,6 +149,8 @@ class DockerSandbox:
         try:
             container.start()
             self.shell, self._uid, self._gid = self._run_probe()
+            if self._uid != 0:
+                self._give_empty_workdir_to_user()
         except _ENGINE_ERRORS as e:
             self.cleanup()
             raise SandboxError(f"cannot start a container from {spec.image!r}: {_one_line(e)}") from e
@@ -174,13 +176,18 @@ class DockerSandbox:
         ids = [int(x) if x.strip().isdigit() else 0 for x in lines[1:]]
         return lines[0].strip() or "sh", ids[0], ids[1]
 
+    def _give_empty_workdir_to_user(self) -> None:
+        """Docker creates a missing working directory as root; a non-root image user could not write there."""
+        script = f'[ -z "$(ls -A "$1" 2>/dev/null)" ] && chown {self._uid}:{self._gid} "$1"; true'
+        self._exec(["sh", "-c", script, "sh", self.workdir], timeout=30, user="0")
+
     def exec(self, command: str, timeout: float) -> ExecResult:
         """Run a shell command in the working directory; past the timeout its whole session is killed."""
         # The first line of output is the shell's PID (a session leader), so a timeout can kill what it started.
         script = 'echo "$$"; exec 2>&1\n' + command
         return self._exec([self.shell, "-c", script], timeout, pid_first=True)
 
-    def _exec(self, cmd: list[str], timeout: float, pid_first: bool = False) -> ExecResult:
+    def _exec(self, cmd: list[str], timeout: float, pid_first: bool = False, user: str = "") -> ExecResult:
         if not self.container_id:
             raise SandboxError("the sandbox was already cleaned up")
         api = _client().api
@@ -193,6 +200,7 @@ class DockerSandbox:
                 stdin=False,
                 tty=False,
                 workdir=self.workdir,
+                user=user,
             )["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except _ENGINE_ERRORS as e:

@@ -3,6 +3,7 @@
 # cannot pull from Docker Hub. Idempotent: an image that already exists is left alone.
 #   br-test-busybox:1  busybox only; /etc/br-image holds its name
 #   br-test-busybox:2  the same plus WORKDIR /srv/two and /opt/only-in-2, so the two are told apart
+#   br-test-busybox:nobody  image 1 run as USER nobody, for the non-root paths
 set -eu
 
 BUSYBOX=${BUSYBOX:-/bin/busybox}
@@ -39,6 +40,9 @@ build() {
         echo "only in image 2" >"$root/opt/only-in-2"
         set -- "$@" --change 'WORKDIR /srv/two'
     fi
+    if [ "$tag" = br-test-busybox:nobody ]; then
+        set -- "$@" --change 'USER nobody'
+    fi
     tar -C "$root" -cf - . | docker import "$@" - "$tag" >/dev/null
     rm -rf "$root"
     trap - EXIT
@@ -47,3 +51,4 @@ build() {
 
 build br-test-busybox:1
 build br-test-busybox:2
+build br-test-busybox:nobody

@@ -10,6 +10,7 @@ import pytest
 
 IMAGE_ONE = "br-test-busybox:1"
 IMAGE_TWO = "br-test-busybox:2"
+IMAGE_NOBODY = "br-test-busybox:nobody"  # also built by the script: image one with USER nobody
 BUILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_test_image.sh")
 RUN_LABEL = "batch_runner.run"
 

@@ -128,6 +128,18 @@ def test_write_file_makes_parents_without_replacing_symlinked_directories(contex
     assert ok and read["content"] == "via-symlink\n"
 
 
+def test_a_non_root_image_user_owns_its_workdir_and_written_files(contexts, docker_images):
+    ctx = contexts(conftest_docker.IMAGE_NOBODY)
+    assert sh(ctx, "id -u; pwd").split() == ["65534", sandbox_docker.DEFAULT_WORKDIR]
+    assert tool(ctx, "write_file", path="sub/made.txt", content="from the tool\n")[1]
+    # The user can extend the tool's file and create its own next to it, in the directory Docker made as root.
+    assert sh(ctx, "echo by-user >> sub/made.txt && echo own > own.txt && cat sub/made.txt own.txt") == (
+        "from the tool\nby-user\nown\n"
+    )
+    env = sh(ctx, "env")
+    assert "HOME=/root" not in env
+
+
 def test_unavailable_image_fails_at_once_with_a_clear_message(contexts, docker_run_name):
     spec = SandboxSpec(kind="docker", image=MISSING_IMAGE, run_name=docker_run_name)
     start = time.monotonic()
