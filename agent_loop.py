@@ -60,7 +60,8 @@ def run_agent(
         unknown_streak = 0
         reasoning, content = split_reasoning(choice.message)
         assistant: dict = {"role": "assistant", "content": content, "reasoning": reasoning}
-        if calls:
+        cut = choice.finish_reason == "length"
+        if calls and not cut:
             assistant["tool_calls"] = [
                 {
                     "id": c.id,
@@ -70,8 +71,9 @@ def run_agent(
                 for c in calls
             ]
         saved.append(assistant)
-        if choice.finish_reason == "length":
-            # The reply was cut off; its tool calls may be truncated, so none are run.
+        if cut:
+            # The reply was cut off; its tool calls may be truncated, so none are run or saved
+            # (a saved call without a result would count as a failed tool call).
             result.partial, result.stop_reason = True, "length"
             return result
         if not calls:
