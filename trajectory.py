@@ -40,13 +40,23 @@ def to_conversations(messages: list[dict]) -> list[dict]:
 def tool_stats(conversations: list[dict]) -> dict[str, dict[str, int]]:
     """Per tool: calls, successes, failures — every §3 tool named, results matched to calls by tool_call_id."""
     stats = {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOL_NAMES}
-    results = {t.get("tool_call_id"): t.get("value", "") for t in conversations if t.get("from") == "tool"}
-    for turn in conversations:
-        for call in turn.get("tool_calls") or []:
-            name = call.get("name")
-            entry = stats.setdefault(name, {"count": 0, "success": 0, "failure": 0})
+    for i, turn in enumerate(conversations):
+        calls = turn.get("tool_calls") or []
+        if not calls:
+            continue
+        # Ids are unique only within one reply (some providers send "call_0" every turn), so a call is
+        # matched with the results that answer its own reply: the tool turns before the next gpt turn.
+        results: dict[Any, list[str]] = {}
+        for later in conversations[i + 1 :]:
+            if later.get("from") == "gpt":
+                break
+            if later.get("from") == "tool":
+                results.setdefault(later.get("tool_call_id"), []).append(later.get("value", ""))
+        for call in calls:
+            entry = stats.setdefault(call.get("name"), {"count": 0, "success": 0, "failure": 0})
             entry["count"] += 1
-            ok = call.get("id") in results and result_succeeded(results[call.get("id")])
+            answers = results.get(call.get("id"))
+            ok = bool(answers) and result_succeeded(answers.pop(0))
             entry["success" if ok else "failure"] += 1
     return stats
 
