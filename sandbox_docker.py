@@ -336,12 +336,13 @@ class _Output:
             self.cut += drop
 
     def take_first_line(self) -> str | None:
+        """Remove and return the leading PID line; None (and nothing removed) if the output does not start with one."""
         end = self.head.find(b"\n")
-        if end < 0:
+        line = bytes(self.head[:end]).strip() if end >= 0 else b""
+        if not line.isdigit():
             return None
-        line = bytes(self.head[:end])
         del self.head[: end + 1]
-        return line.decode("ascii", "replace").strip()
+        return line.decode("ascii")
 
     def text(self) -> str:
         mid = f"\n... [{self.cut} bytes cut] ...\n".encode() if self.cut else b""

@@ -76,6 +76,8 @@ def test_each_prompt_sees_its_own_image_and_cwd(contexts, docker_images):
     assert sh(third, "pwd").strip() == sandbox_docker.DEFAULT_WORKDIR
     result, ok = tool(first, "terminal", command="cat /opt/only-in-2")
     assert ok and result["exit_code"] != 0  # a failing command is a result, not a tool failure
+    result, ok = tool(first, "terminal", command="echo 123; if then fi")
+    assert ok and result["exit_code"] == 2 and "syntax error" in result["output"], result
     # Files written in one prompt's sandbox never show up in another's.
     sh(first, "echo mine > /tmp/owner")
     assert "mine" not in sh(third, "cat /tmp/owner 2>&1 || true")
