@@ -194,7 +194,7 @@ def _run(ctx: ToolContext, fn: Any, **extra: Any) -> dict:
     if blocked:
         result["blocked_by_url_policy"] = blocked[:5]
         if result.get("error") and re.search("refused by the URL policy|ERR_TUNNEL_CONNECTION_FAILED", result["error"]):
-            result["error"] = f"refused by the URL policy: {blocked[-1]}"
+            result["error"] = f"refused by the URL policy: {blocked[0]}"
     result.setdefault("error", None)
     return {**extra, **result}
 
