@@ -32,6 +32,7 @@ RUN_LABEL = "batch_runner.run"
 DEFAULT_WORKDIR = "/workspace"
 # PID 1 must outlive every command yet exit on SIGTERM; only sh and sleep are assumed in the image.
 KEEPALIVE = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
+PROBE = "command -v bash 2>/dev/null || echo; id -u 2>/dev/null || echo 0; id -g 2>/dev/null || echo 0"
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_KEPT_OUTPUT = 2 * 1024 * 1024  # bytes kept from each end of a command's output
@@ -160,14 +161,7 @@ class DockerSandbox:
 
     def _run_probe(self) -> tuple[str, int, int]:
         """Which shell the image offers and whose files we write (so a non-root user can edit them)."""
-        result = self._exec(
-            [
-                "sh",
-                "-c",
-                "command -v bash 2>/dev/null || echo; id -u 2>/dev/null || echo 0; id -g 2>/dev/null || echo 0",
-            ],
-            timeout=30,
-        )
+        result = self._exec(["sh", "-c", PROBE], timeout=30)
         if result.exit_code != 0 or result.timed_out:
             raise SandboxError(
                 f"image {self.spec.image!r} cannot run sh in its container: {result.output.strip()[:300]}"
