@@ -53,10 +53,13 @@ def search_files(args: dict, ctx: ToolContext) -> dict:
         return {"error": "pattern must be a non-empty string"}
     path = args.get("path") or "."
     glob = args.get("file_glob")
-    include = f"--include={shlex.quote(glob)} " if glob else ""
     limit = int(args.get("max_results") or 100)
-    # grep exists in every image we run (busybox included), so one implementation serves all sandboxes.
-    cmd = f"grep -rnIE {include}-e {shlex.quote(pattern)} {shlex.quote(path)} 2>/dev/null | head -n {limit}"
+    # find + grep work in every image we run (busybox has no grep --include), so one command serves all.
+    name = f"-name {shlex.quote(glob)} " if glob else ""
+    cmd = (
+        f"find {shlex.quote(path)} -type f {name}-exec grep -nHIE -e {shlex.quote(pattern)} {{}} + 2>/dev/null"
+        f" | head -n {limit}"
+    )
     result = ctx.sandbox().exec(cmd, timeout=ctx.settings.command_timeout)
     matches = [line for line in result.output.splitlines() if line]
     return {"matches": matches, "count": len(matches), "error": None}
