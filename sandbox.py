@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,6 +18,9 @@ SAFE_ENV = {
     "LC_ALL": "C.UTF-8",
     "TERM": "dumb",
 }
+
+
+TAG_VAR = "BR_SANDBOX_ID"
 
 
 class SandboxError(Exception):
@@ -75,7 +79,10 @@ class LocalSandbox:
         if cwd and not os.path.isdir(cwd):
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise SandboxError(f"cwd {cwd!r} is not a directory on this machine")
+        # The tag follows every process the prompt starts, even one that left the process group (setsid).
+        self._tag = f"{TAG_VAR}={uuid.uuid4().hex}".encode()
         self._env = dict(SAFE_ENV, HOME=self._tmp, TMPDIR=self._tmp, PWD=self.workdir)
+        self._env[TAG_VAR] = self._tag.split(b"=", 1)[1].decode()
 
     def exec(self, command: str, timeout: float) -> ExecResult:
         # A new session lets a timeout kill the whole process group, not just the shell.
@@ -93,7 +100,14 @@ class LocalSandbox:
             return ExecResult(out.decode("utf-8", "replace"), proc.returncode)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            out, _ = proc.communicate()
+            _kill_tagged(self._tag)
+            try:
+                out, _ = proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:  # a process that shed the tag still holds the pipe
+                proc.kill()
+                proc.stdout.close()
+                proc.wait()
+                out = b""
             return ExecResult(out.decode("utf-8", "replace"), -9, timed_out=True)
 
     def read_file(self, path: str) -> bytes:
@@ -107,6 +121,7 @@ class LocalSandbox:
             f.write(data)
 
     def cleanup(self) -> None:
+        _kill_tagged(self._tag)  # background processes the prompt left behind
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
@@ -115,6 +130,22 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _kill_tagged(tag: bytes) -> None:
+    """SIGKILL every process whose environment carries this sandbox's tag (Linux /proc; no-op elsewhere)."""
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                tagged = tag in f.read().split(b"\0")
+            if tagged:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # gone, or not ours to read
 
 
 def uses_docker(spec: SandboxSpec) -> bool:
