@@ -16,6 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 import cli_options as opt
+import secrets_guard
 from cli_options import FatalError
 from dataset import Entry, load_entries
 from model_client import ModelSettings
@@ -74,6 +75,8 @@ def run_from_flags(f: dict[str, Any]) -> int:
         # Keys travel to workers inside the config, never through their environment.
         for var in ("OPENROUTER_API_KEY", "OPENAI_API_KEY"):
             os.environ.pop(var, None)
+        # A sandboxed command running as our user could read the key from /proc/<runner>/cmdline or environ.
+        secrets_guard.hide_from_proc([key])
         model_settings = ModelSettings(
             model=model,
             base_url=base_url,
