@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -140,7 +141,14 @@ def _fatal(message: str, verbose: Any) -> None:
 
 def cli() -> None:
     """Entry point of `python batch_runner.py` and the `batch-runner` console script."""
-    fire.Fire(main, command=opt.quote_string_flags(sys.argv[1:]), name=os.path.basename(sys.argv[0]))
+    argv = sys.argv[1:]
+    # main's **unknown (there to name a mistyped flag) would swallow --help as a flag; Fire shows help after "--".
+    if any(a in ("--help", "-h") for a in argv):
+        # Fire writes help to stderr; on stdout `batch-runner --help | less` works as users expect.
+        with contextlib.redirect_stderr(sys.stdout):
+            fire.Fire(main, command=["--", "--help"], name=os.path.basename(sys.argv[0]))
+        return
+    fire.Fire(main, command=opt.quote_string_flags(argv), name=os.path.basename(sys.argv[0]))
 
 
 if __name__ == "__main__":
