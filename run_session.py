@@ -176,7 +176,9 @@ class Session:
         interrupted = self._install_sigint(stop)
         bar = tqdm(total=len(remaining), unit="prompt", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
         try:
-            for outcome in executor.run(self._tasks(remaining, first_batch), stop):
+            # Nothing left (a finished run resumed): no workers to spawn, only merge and statistics.
+            outcomes = executor.run(self._tasks(remaining, first_batch), stop) if remaining else ()
+            for outcome in outcomes:
                 self._record(outcome)
                 bar.update(1)
                 bar.set_postfix(
