@@ -114,7 +114,7 @@ class RunFiles:
         """Prompt key → lines answering it, in the batch files and in discarded.jsonl."""
         kept: Counter = Counter()
         for n in self.batch_numbers():
-            _count_prompts(self.batch_path(n), kept)
+            _count_prompts(self.batch_path(n), kept, merged_only=True)
         discarded: Counter = Counter()
         _count_prompts(self.path("discarded.jsonl"), discarded)
         return kept, discarded
@@ -150,8 +150,11 @@ class RunFiles:
         return report
 
 
-def _count_prompts(path: str, into: Counter) -> None:
+def _count_prompts(path: str, into: Counter, merged_only: bool = False) -> None:
     for record in iter_records(path):
+        # A line the merge drops answers nothing: counting it would leave its prompt out of every output.
+        if merged_only and unknown_tools(record.get("conversations") or []):
+            continue
         prompt = first_human(record)
         if isinstance(prompt, str):
             into[prompt_key(prompt)] += 1
