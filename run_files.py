@@ -128,19 +128,27 @@ class RunFiles:
         return failed
 
     def merge(self, on_record: Callable[[dict], None] | None = None) -> MergeReport:
-        """Write trajectories.jsonl atomically from every batch file in numeric order, filtering bad entries."""
+        """Write trajectories.jsonl atomically from every batch file in numeric order, filtering bad entries.
+
+        One exception to the order: the first entry that calls a tool is written first. `datasets` fixes
+        the schema from the file's first block, and only such an entry shows every field a turn can have.
+        """
         report = MergeReport()
         out_path = self.path("trajectories.jsonl")
         tmp = out_path + ".tmp"
+        lead = self._first_tool_entry()
         with open(tmp, "wb") as out:
+            if lead is not None:
+                out.write(lead[2])
             for n in self.batch_numbers():
-                for raw, record in _iter_lines(self.batch_path(n), report):
+                for i, (raw, record) in enumerate(_iter_lines(self.batch_path(n), report)):
                     if record is None:
                         report.not_json += 1
                     elif unknown_tools(record.get("conversations") or []):
                         report.unknown_tool += 1
                     else:
-                        out.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                        if lead is None or (n, i) != lead[:2]:
+                            out.write(raw if raw.endswith(b"\n") else raw + b"\n")
                         report.kept += 1
                         if on_record:
                             on_record(record)
@@ -148,6 +156,15 @@ class RunFiles:
             os.fsync(out.fileno())
         os.replace(tmp, out_path)
         return report
+
+    def _first_tool_entry(self) -> tuple[int, int, bytes] | None:
+        """(batch, line position, line) of the first entry the merge keeps that has a tool call."""
+        for n in self.batch_numbers():
+            for i, (raw, record) in enumerate(_iter_lines(self.batch_path(n), None)):
+                turns = (record or {}).get("conversations") or []
+                if any(t.get("tool_calls") for t in turns) and not unknown_tools(turns):
+                    return n, i, raw if raw.endswith(b"\n") else raw + b"\n"
+        return None
 
 
 def _count_prompts(path: str, into: Counter, merged_only: bool = False) -> None:

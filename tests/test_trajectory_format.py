@@ -208,8 +208,22 @@ def test_datasets_loads_lines_spread_over_many_chunks(lines, tmp_path, monkeypat
     assert sorted(ds["prompt_index"]) == list(range(N_LINES))
 
 
-@pytest.mark.xfail(strict=True, reason="datasets fixes the schema from the first chunk; tool turns must appear in it")
-def test_datasets_cannot_load_a_first_chunk_without_any_tool_turn(lines, tmp_path, monkeypatch):
+def test_merge_puts_a_tool_using_entry_first_so_any_order_of_batches_loads(lines, tmp_path, monkeypatch):
+    # Batch files whose first 16 KiB hold no tool turn at all: loaded as they are, datasets would fix a
+    # schema without tool fields from that first chunk and fail on later chunks. The merge prevents it.
+    from run_files import RunFiles
+
     _, records = lines
     ordered = sorted(records, key=lambda r: bool(tool_turns(r)))
-    _load(_rewrite(ordered, tmp_path / "t.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
+    files = RunFiles(str(tmp_path / "run"))
+    files.prepare()
+    half = len(ordered) // 2
+    _rewrite(ordered[:half], files.batch_path(0))
+    _rewrite(ordered[half:], files.batch_path(1))
+    report = files.merge()
+    assert report.kept == N_LINES
+    merged = [json.loads(line) for line in open(files.path("trajectories.jsonl"), encoding="utf-8")]
+    assert tool_turns(merged[0])
+    assert merged[1:] == [r for r in ordered if r is not next(x for x in ordered if tool_turns(x))]
+    ds = _load(files.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
+    assert ds.num_rows == N_LINES
