@@ -1,0 +1,158 @@
+"""Scale-out on Ray: the same prompt-level scheduling as workers.LocalExecutor, on the actors of a Ray cluster.
+
+Why threaded actors and not `ray.util.multiprocessing.Pool`: the work is waiting on model endpoints, so
+one process holds many prompts at once on threads (`max_concurrency=threads`) and shares one HTTP
+connection pool, exactly as a local worker does. The parent submits one `run.remote(task)` per free slot
+and keeps each ObjectRef with the actor it went to, which gives what Pool cannot: at most
+num_workers × threads prompts in flight (Pool.imap submits the whole iterable up front), no new prompt
+after `stop` is set, and a dead actor's prompts reported as failed outcomes (its refs raise
+RayActorError) while a fresh actor takes its place. Actors only compute and return outcomes; the
+parent, the only writer, records them.
+
+`address`: "local" starts a private Ray instance (and shuts it down at the end); "auto" joins the
+cluster this machine belongs to; "ray://head:10001" connects through Ray Client. The runner's own
+modules travel to the workers as `runtime_env={"py_modules": [...]}`, so a cluster needs no copy of
+this project, but its nodes need the same Python and Ray versions as the driver and the runner's
+dependencies (`pip install "batch-runner[ray]"` in the cluster image, or add them to the runtime_env).
+The run configuration, API key included, is sent to the actors through Ray's object store.
+Actors reserve no CPU (they mostly wait) and are spread over the nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+
+import ray
+from ray.exceptions import RayActorError, RayError
+
+from prompt_runner import PromptOutcome, PromptTask, RunConfig, run_prompt
+
+_POLL_SECONDS = 0.5
+
+
+@ray.remote(num_cpus=0)
+class PromptActor:
+    """One Ray worker process running up to max_concurrency prompts on threads."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+
+    def run(self, task: PromptTask) -> PromptOutcome:
+        return run_prompt(task, self.cfg)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayExecutor:
+    """num_workers Ray actors × threads_per_worker slots, on the cluster at `address`."""
+
+    def __init__(self, cfg: RunConfig, address: str, num_workers: int, threads_per_worker: int = 1):
+        self.cfg = cfg
+        self.address = address
+        self.num_workers = num_workers
+        self.threads = threads_per_worker
+        self.actors: list = []  # the live actor of each slot group, for tests that kill one
+
+    def run(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
+        """Yield outcomes as prompts finish; after `stop` is set no new prompt is handed out."""
+        started = self._connect()
+        held: dict[ray.ObjectRef, tuple[int, object, PromptTask]] = {}
+        counts = [0] * self.num_workers
+        try:
+            self.actors = [self._actor() for _ in range(self.num_workers)]
+            pending = iter(tasks)
+            exhausted = False
+            while True:
+                if not exhausted and not stop.is_set():
+                    exhausted = self._dispatch(pending, held, counts)
+                if not held and (exhausted or stop.is_set()):
+                    return
+                ready, _ = ray.wait(list(held), num_returns=1, timeout=_POLL_SECONDS)
+                if ready:  # take everything already finished, not one per round trip
+                    ready, _ = ray.wait(list(held), num_returns=len(held), timeout=0)
+                for ref in ready:
+                    slot, actor, task = held.pop(ref)
+                    counts[slot] -= 1
+                    yield self._outcome(ref, slot, actor, task)
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
+            if started:
+                ray.shutdown()
+
+    def _connect(self) -> bool:
+        """Join or start Ray; True when this executor started it (and so must shut it down)."""
+        if ray.is_initialized():
+            return False
+        runtime_env = {"py_modules": _project_modules()}
+        if self.address == "local":
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, self.num_workers),
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                runtime_env=runtime_env,
+            )
+        else:
+            ray.init(address=self.address, log_to_driver=False, logging_level=logging.WARNING, runtime_env=runtime_env)
+        return True
+
+    def _actor(self):
+        return PromptActor.options(max_concurrency=self.threads, scheduling_strategy="SPREAD").remote(self.cfg)
+
+    def _dispatch(self, pending: Iterator[PromptTask], held: dict, counts: list[int]) -> bool:
+        """Fill every free slot; True once there is nothing left to hand out."""
+        while True:
+            slot = min(range(self.num_workers), key=counts.__getitem__)
+            if counts[slot] >= self.threads:
+                return False
+            task = next(pending, None)
+            if task is None:
+                return True
+            actor = self.actors[slot]
+            held[actor.run.remote(task)] = (slot, actor, task)
+            counts[slot] += 1
+
+    def _outcome(self, ref, slot: int, actor, task: PromptTask) -> PromptOutcome:
+        try:
+            return ray.get(ref)
+        except RayActorError as e:
+            if self.actors[slot] is actor:  # the first of its prompts to report the death replaces it
+                self.actors[slot] = self._actor()
+            return _failed(task, f"Ray actor died: {_first_line(e)}")
+        except RayError as e:  # the worker crashed or the outcome could not travel back
+            return _failed(task, f"Ray task failed: {_first_line(e)}")
+
+
+def _failed(task: PromptTask, error: str) -> PromptOutcome:
+    return PromptOutcome(task.index, task.prompt, task.batch_num, "failed", error=error)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return (text.splitlines() or [type(e).__name__])[0][:300]
+
+
+def _project_modules() -> list[str]:
+    """Files of this project's modules a worker may import: every loaded one from our directory."""
+    import tool_registry
+
+    tool_registry.load_tools()
+    for lazy in ("sandbox_docker",):  # imported only when a prompt needs it
+        try:
+            __import__(lazy)
+        except ImportError:
+            pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and path.endswith(".py") and os.path.dirname(os.path.abspath(path)) == here:
+            files.add(os.path.abspath(path))
+    return sorted(files)
