@@ -1,0 +1,633 @@
+"""Scripted OpenAI-compatible chat-completions server for tests and benchmarks.
+
+Standard library only. Use it in-process::
+
+    with ScriptedServer(script={"hi": [{"content": "hello"}]}) as srv:
+        client = OpenAI(base_url=srv.base_url, api_key="x")
+
+or as a separate process::
+
+    python scripted_server.py --port 0 --script script.json --latency 1.0
+    # prints "READY http://127.0.0.1:PORT/v1" once listening; SIGTERM stops it.
+
+Script format
+-------------
+``script`` maps a prompt (the text of the FIRST ``user`` message; list-of-parts
+content has its text parts joined with "\\n") to a list of reply specs (a single
+spec dict is accepted too). Replies are chosen statelessly: the reply index is
+the number of ``assistant`` messages already in the request, and past the end
+of the list the last spec is reused. Prompts missing from the script use
+``default_script`` (the literal ``{prompt}`` in its ``content`` is replaced by
+the prompt); without one the reply is ``{"content": "OK"}``.
+
+Reply spec keys (all optional):
+
+* ``content``: str or null. When neither ``content`` nor ``tool_calls`` is
+  given the content is "OK".
+* ``tool_calls``: list of ``{"name", "arguments" (str or dict), "id"?}``; ids
+  default to ``call_<reply index>_<i>``.
+* ``reasoning``, ``reasoning_content``, ``reasoning_details``: copied onto the
+  message unchanged.
+* ``finish_reason``: default "tool_calls" with tool calls, else "stop".
+* ``usage``: dict, default 10 prompt + 5 completion = 15 total tokens.
+* ``latency``: seconds, used exactly (no jitter) instead of the server latency.
+* ``fault``: "500"/"429"/"400"/any status digits, "context_length", "drop",
+  "malformed" or "slow" (``slow_seconds``, default 30, then a normal reply).
+  ``fault_times`` (default 1, -1 = always) is how many requests for this
+  (prompt, reply index) get the fault before the normal reply is sent.
+  ``retry_after`` (default "1") is the 429 ``Retry-After`` header and
+  ``error_message`` overrides the error text.
+
+Global faults
+-------------
+``fault_rates`` such as ``{"500": 0.1, "429": 0.05, "drop": 0.02}`` are drawn
+per chat request (one uniform draw from ``random.Random(seed)``) before the
+scripted reply is looked at; a global "slow" fault sleeps ``slow_seconds`` and
+then carries on. Scripted fault counters only count requests that reach the
+script, so a scripted fault is always seen ``fault_times`` times.
+
+Latency
+-------
+Each normal reply sleeps in its handler thread, so concurrent requests overlap.
+Without ``heavy_tail`` the delay is uniform in
+``latency * (1 - jitter) .. latency * (1 + jitter)``. With ``heavy_tail`` it is
+lognormal with the same mean: ``latency * exp(S * Z - S**2 / 2)``, Z ~ N(0, 1),
+S = 1.0 (median ~0.61x, p99 ~6.2x, p99.9 ~13x the mean); ``jitter`` is ignored.
+
+Endpoints
+---------
+``POST /v1/chat/completions``, ``GET /v1/models``,
+``POST /v1/images/generations`` (url or ``b64_json``), ``GET /images/<n>.png``,
+``GET /_requests`` and ``GET /_image_requests`` (recorded bodies),
+``GET|POST /_faults`` (read or replace the global fault rates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import itertools
+import json
+import math
+import random
+import re
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["MODEL_ID", "PNG_BYTES", "ScriptedServer", "main", "prompt_of"]
+
+MODEL_ID = "scripted-model"
+HEAVY_TAIL_SIGMA = 1.0
+DEFAULT_USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+MALFORMED_BODY = b'{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{'
+_IMAGE_PATH = re.compile(r"^/images/(\d+)\.png$")
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_exceeded",
+}
+
+
+def _make_png() -> bytes:
+    """Return a valid 1x1 red RGB PNG."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    idat = zlib.compress(b"\x00\xff\x00\x00")
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+PNG_BYTES = _make_png()
+
+
+def _text_of(content) -> str:
+    """Flatten message content (str, None or list of parts) to text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+        return "\n".join(texts)
+    return str(content)
+
+
+def prompt_of(body: dict) -> str:
+    """Return the text of the first user message of a chat request."""
+    for msg in body.get("messages") or []:
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            return _text_of(msg.get("content"))
+    return ""
+
+
+def _spec_list(value, what: str) -> list:
+    """Normalise a spec or list of specs, rejecting anything else early."""
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, dict) for s in value):
+        raise TypeError(f"{what} must be a reply spec dict or a list of them")
+    return value
+
+
+def _error_body(status: int, message: str, type_: str | None = None, code=None) -> dict:
+    """Build an OpenAI-style error object."""
+    if type_ is None:
+        type_ = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+def _build_message(spec: dict, turn: int) -> tuple[dict, str]:
+    """Return the assistant message and finish_reason for a reply spec."""
+    calls = []
+    for i, call in enumerate(spec.get("tool_calls") or []):
+        args = call.get("arguments", "{}")
+        if not isinstance(args, str):
+            args = json.dumps(args)
+        calls.append(
+            {
+                "id": call.get("id") or f"call_{turn}_{i}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": args},
+            }
+        )
+    content = spec.get("content", None if calls else "OK")
+    msg: dict = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = calls
+    for key in ("reasoning", "reasoning_content", "reasoning_details"):
+        if key in spec:
+            msg[key] = spec[key]
+    finish = spec.get("finish_reason") or ("tool_calls" if calls else "stop")
+    return msg, finish
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """Threading server tuned for many concurrent keep-alive clients."""
+
+    daemon_threads = True
+    # Joining handler threads on close would hang on idle keep-alive clients.
+    block_on_close = False
+    request_queue_size = 1024
+    allow_reuse_address = True
+    owner: ScriptedServer
+
+    def handle_error(self, request, client_address):
+        """Stay quiet: client disconnects are expected under fault injection."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Routes requests to the owning ScriptedServer."""
+
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate sends; with Nagle on, delayed ACKs
+    # would add ~40 ms to every keep-alive response.
+    disable_nagle_algorithm = True
+    server: _HTTPServer
+    _responded = False
+
+    def log_message(self, format, *args):
+        """Keep stderr clean; benchmarks issue thousands of requests."""
+
+    def setup(self):
+        """Register the connection so stop() can unblock idle keep-alive reads."""
+        super().setup()
+        self.server.owner._track(self.connection, True)
+
+    def finish(self):
+        """Unregister the connection."""
+        try:
+            super().finish()
+        finally:
+            self.server.owner._track(self.connection, False)
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        """Read a Content-Length or chunked request body."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _send_raw(self, status: int, body: bytes, ctype: str, headers: dict | None = None):
+        """Send a complete response with Content-Length so keep-alive works."""
+        self._responded = True
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(self, status: int, obj, headers: dict | None = None):
+        """Send a JSON response."""
+        self._send_raw(status, json.dumps(obj).encode(), "application/json", headers)
+
+    def _drop(self):
+        """Close the socket without writing any response."""
+        self._responded = True
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _dispatch(self, method: str):
+        """Run one route, turning bad input into 400 and bugs into 500."""
+        self._responded = False
+        try:
+            body = self._read_body() if method == "POST" else b""
+        except (ValueError, OSError):
+            self.close_connection = True
+            self._send_json(400, _error_body(400, "could not read request body"))
+            return
+        try:
+            self._route(method, self.path.split("?", 1)[0], body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - one bad request must not kill the server
+            if self._responded:
+                self.close_connection = True
+                return
+            try:
+                self._send_json(500, _error_body(500, f"{type(exc).__name__}: {exc}"))
+            except OSError:
+                self.close_connection = True
+
+    def do_GET(self):
+        """Handle GET."""
+        self._dispatch("GET")
+
+    def do_POST(self):
+        """Handle POST."""
+        self._dispatch("POST")
+
+    # -- routes -----------------------------------------------------------
+
+    def _route(self, method: str, path: str, raw: bytes):
+        """Map (method, path) to a handler."""
+        owner = self.server.owner
+        path = path.rstrip("/") or "/"
+        if method == "GET":
+            if path in ("/v1/models", "/models"):
+                model = {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "scripted"}
+                return self._send_json(200, {"object": "list", "data": [model]})
+            if path == "/_requests":
+                return self._send_json(200, owner.requests())
+            if path == "/_image_requests":
+                return self._send_json(200, owner.image_requests())
+            if path == "/_faults":
+                return self._send_json(200, owner.fault_rates())
+            if _IMAGE_PATH.match(path):
+                return self._send_raw(200, PNG_BYTES, "image/png")
+            return self._send_json(404, _error_body(404, f"no route GET {path}"))
+        routes = {
+            "/v1/chat/completions": self._chat,
+            "/chat/completions": self._chat,
+            "/v1/images/generations": self._images,
+            "/images/generations": self._images,
+            "/_faults": self._faults,
+        }
+        if path not in routes:
+            return self._send_json(404, _error_body(404, f"no route POST {path}"))
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return self._send_json(400, _error_body(400, "request body is not valid JSON"))
+        if not isinstance(body, dict):
+            return self._send_json(400, _error_body(400, "request body must be a JSON object"))
+        return routes[path](body)
+
+    def _faults(self, body: dict):
+        """Replace the global fault rates."""
+        self.server.owner.set_fault_rates(body)
+        self._send_json(200, self.server.owner.fault_rates())
+
+    def _images(self, body: dict):
+        """Answer an image generation request with a tiny PNG."""
+        owner = self.server.owner
+        owner._record_image(body)
+        count = max(1, int(body.get("n") or 1))
+        data = []
+        for _ in range(count):
+            if body.get("response_format") == "b64_json":
+                data.append({"b64_json": base64.b64encode(PNG_BYTES).decode()})
+            else:
+                n = next(owner._image_ids)
+                data.append({"url": f"http://127.0.0.1:{owner.port}/images/{n}.png"})
+        self._send_json(200, {"created": int(time.time()), "data": data})
+
+    def _send_fault(self, fault: str, spec: dict):
+        """Send (or, for "drop", withhold) the response for an error fault."""
+        message = spec.get("error_message")
+        if fault == "drop":
+            return self._drop()
+        if fault == "malformed":
+            return self._send_raw(200, MALFORMED_BODY, "application/json")
+        if fault == "context_length":
+            message = message or (
+                "This model's maximum context length is 8192 tokens. However, your "
+                "messages resulted in 12000 tokens. Please reduce the length of the messages."
+            )
+            err = _error_body(400, message, code="context_length_exceeded")
+            err["error"]["param"] = "messages"
+            return self._send_json(400, err)
+        if not fault.isdigit():
+            raise ValueError(f"unknown fault {fault!r}")
+        status = int(fault)
+        headers = {}
+        code = None
+        if status == 429:
+            headers["Retry-After"] = str(spec.get("retry_after", "1"))
+            code = "rate_limit_exceeded"
+            message = message or "Rate limit reached (injected fault)."
+        message = message or f"Injected fault: HTTP {status}."
+        self._send_json(status, _error_body(status, message, code=code), headers)
+
+    def _chat(self, body: dict):
+        """Answer a chat completion from the script, applying faults and latency."""
+        owner = self.server.owner
+        owner._record_chat(body)
+        prompt = prompt_of(body)
+        messages = body.get("messages") or []
+        turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        spec = owner._spec_for(prompt, turn)
+
+        global_fault = owner._roll_fault()
+        if global_fault == "slow":
+            owner._sleep(owner.slow_seconds)
+        elif global_fault:
+            return self._send_fault(global_fault, {})
+
+        fault = spec.get("fault")
+        if fault is not None and owner._take_fault((prompt, turn), spec.get("fault_times", 1)):
+            fault = str(fault)
+            if fault != "slow":
+                return self._send_fault(fault, spec)
+            owner._sleep(float(spec.get("slow_seconds", 30)))
+
+        owner._sleep(float(spec["latency"]) if "latency" in spec else owner.draw_latency())
+        if owner._stopping.is_set():
+            return self._drop()
+        msg, finish = _build_message(spec, turn)
+        self._send_json(
+            200,
+            {
+                "id": f"chatcmpl-scripted-{next(owner._completion_ids)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model") or MODEL_ID,
+                "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
+                "usage": spec.get("usage") or dict(DEFAULT_USAGE),
+                "system_fingerprint": None,
+            },
+        )
+
+
+class ScriptedServer:
+    """An OpenAI-compatible HTTP server with scripted replies, serving from a background thread."""
+
+    def __init__(
+        self,
+        script: dict | None = None,
+        default_script: list | dict | None = None,
+        latency: float = 0.0,
+        jitter: float = 0.0,
+        heavy_tail: bool = False,
+        fault_rates: dict | None = None,
+        seed: int = 0,
+        port: int = 0,
+        slow_seconds: float = 30.0,
+        host: str = "127.0.0.1",
+    ):
+        self.script = {str(k): _spec_list(v, f"script[{k!r}]") for k, v in (script or {}).items()}
+        self.default_script = _spec_list(default_script, "default_script") if default_script else None
+        self.latency = float(latency)
+        self.jitter = float(jitter)
+        self.heavy_tail = bool(heavy_tail)
+        self.slow_seconds = float(slow_seconds)
+        self._lock = threading.Lock()
+        self._rng = random.Random(seed)
+        self._fault_rates: dict[str, float] = {}
+        self.set_fault_rates(fault_rates or {})
+        self._requests: list[dict] = []
+        self._image_requests: list[dict] = []
+        self._fault_counts: dict[tuple[str, int], int] = {}
+        self._completion_ids = itertools.count(1)
+        self._image_ids = itertools.count(1)
+        self._conns: set[socket.socket] = set()
+        self._stopping = threading.Event()
+        self._httpd = _HTTPServer((host, port), _Handler)
+        self._httpd.owner = self
+        self.host = host
+        self.port = self._httpd.server_address[1]
+        self.base_url = f"http://{host}:{self.port}/v1"
+        self._thread: threading.Thread | None = None
+        self.start()
+
+    # -- lifecycle --------------------------------------------------------
+
+    def start(self) -> ScriptedServer:
+        """Start serving (already done by the constructor; idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._httpd.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name=f"ScriptedServer:{self.port}",
+                daemon=True,
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, wake sleeping handlers and close open connections."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> ScriptedServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- public inspection / control --------------------------------------
+
+    def requests(self) -> list[dict]:
+        """Return a copy of every chat request body received so far."""
+        with self._lock:
+            return copy.deepcopy(self._requests)
+
+    def image_requests(self) -> list[dict]:
+        """Return a copy of every image generation request body received so far."""
+        with self._lock:
+            return copy.deepcopy(self._image_requests)
+
+    def fault_rates(self) -> dict[str, float]:
+        """Return the current global fault rates."""
+        with self._lock:
+            return dict(self._fault_rates)
+
+    def set_fault_rates(self, rates: dict | None) -> None:
+        """Replace the global fault rates, e.g. {"500": 0.1, "drop": 0.02}."""
+        clean = {str(k): float(v) for k, v in (rates or {}).items() if float(v) > 0}
+        if sum(clean.values()) > 1.0 + 1e-9:
+            raise ValueError(f"fault rates sum to more than 1: {clean}")
+        with self._lock:
+            self._fault_rates = clean
+
+    def draw_latency(self) -> float:
+        """Draw one reply delay from the configured latency distribution."""
+        if self.latency <= 0:
+            return 0.0
+        with self._lock:
+            if self.heavy_tail:
+                z = self._rng.gauss(0.0, 1.0)
+                return self.latency * math.exp(HEAVY_TAIL_SIGMA * z - HEAVY_TAIL_SIGMA**2 / 2)
+            if self.jitter <= 0:
+                return self.latency
+            u = self._rng.uniform(-self.jitter, self.jitter)
+        return max(0.0, self.latency * (1 + u))
+
+    # -- used by the handler ----------------------------------------------
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            (self._conns.add if add else self._conns.discard)(conn)
+
+    def _record_chat(self, body: dict) -> None:
+        with self._lock:
+            self._requests.append(body)
+
+    def _record_image(self, body: dict) -> None:
+        with self._lock:
+            self._image_requests.append(body)
+
+    def _spec_for(self, prompt: str, turn: int) -> dict:
+        # self.script is read per request so callers may edit it mid-run.
+        specs = self.script.get(prompt)
+        substitute = False
+        if specs is None:
+            specs, substitute = self.default_script or [{"content": "OK"}], True
+        if isinstance(specs, dict):
+            specs = [specs]
+        spec = copy.deepcopy(specs[min(turn, len(specs) - 1)])
+        if substitute and isinstance(spec.get("content"), str):
+            spec["content"] = spec["content"].replace("{prompt}", prompt)
+        return spec
+
+    def _roll_fault(self) -> str | None:
+        with self._lock:
+            if not self._fault_rates:
+                return None
+            u = self._rng.random()
+            acc = 0.0
+            for name, rate in self._fault_rates.items():
+                acc += rate
+                if u < acc:
+                    return name
+        return None
+
+    def _take_fault(self, key: tuple[str, int], times) -> bool:
+        """Count a request for key; True while it is within the first `times`."""
+        times = int(times)
+        with self._lock:
+            seen = self._fault_counts.get(key, 0)
+            self._fault_counts[key] = seen + 1
+        return times < 0 or seen < times
+
+    def _sleep(self, seconds: float) -> None:
+        # Event.wait instead of time.sleep so stop() wakes slow handlers at once.
+        if seconds > 0:
+            self._stopping.wait(seconds)
+
+
+def _load_json_file(path: str | None):
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the server as a process until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(description="Scripted OpenAI-compatible chat server.")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--script", help="JSON file: {prompt: [reply spec, ...]}")
+    parser.add_argument("--default_script", "--default-script", help="JSON file: [reply spec, ...]")
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--heavy_tail", "--heavy-tail", action="store_true")
+    parser.add_argument("--fault_rates", "--fault-rates", type=json.loads, default=None)
+    parser.add_argument("--slow_seconds", "--slow-seconds", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    done = threading.Event()
+
+    def _on_signal(signum, frame):
+        done.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    srv = ScriptedServer(
+        script=_load_json_file(args.script),
+        default_script=_load_json_file(args.default_script),
+        latency=args.latency,
+        jitter=args.jitter,
+        heavy_tail=args.heavy_tail,
+        fault_rates=args.fault_rates,
+        seed=args.seed,
+        port=args.port,
+        slow_seconds=args.slow_seconds,
+        host=args.host,
+    )
+    print(f"READY {srv.base_url}", flush=True)
+    try:
+        while not done.wait(0.2):
+            pass
+    finally:
+        srv.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
