@@ -64,6 +64,8 @@ def _parse(line: bytes, number: int) -> tuple[Entry | None, str | None]:
         row = json.loads(text)
     except ValueError as e:
         return None, f"not valid JSON ({e.msg} at column {e.colno})"
+    except RecursionError:  # e.g. a line of 100,000 "[": json recurses once per level
+        return None, "not valid JSON (nested too deeply)"
     if not isinstance(row, dict):
         return None, f"a JSON {type(row).__name__}, not an object"
     if "prompt" not in row:
@@ -75,6 +77,10 @@ def _parse(line: bytes, number: int) -> tuple[Entry | None, str | None]:
         return None, '"prompt" is empty'
     if "\x00" in prompt:
         return None, '"prompt" contains a NUL character'
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # a "\ud800" escape decodes to half a character no file or request can hold
+        return None, f'"prompt" is not valid Unicode (lone surrogate at character {e.start})'
     if len(prompt) > MAX_PROMPT_CHARS:
         return None, f'"prompt" is {len(prompt)} characters, over the limit of {MAX_PROMPT_CHARS}'
     image = row.get("image") or row.get("docker_image")
