@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 from urllib.parse import urlparse
 
@@ -104,6 +105,30 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str | None:
     if value not in allowed:
         raise FatalError(f"--{name} must be one of {', '.join(allowed)}, got {value!r}")
     return value
+
+
+def sandbox_kind(flag_value: Any, env_value: str | None) -> str:
+    """--sandbox, else TERMINAL_ENV, else local; a wrong value names where it came from."""
+    if flag_value is not None:
+        return choice("sandbox", str(flag_value).strip().lower(), ("local", "docker"))
+    kind = (env_value or "").strip().lower() or "local"
+    if kind not in ("local", "docker"):
+        raise FatalError(f"TERMINAL_ENV must be local or docker, got {env_value!r}; unset it or pass --sandbox")
+    return kind
+
+
+# Docker's own minimum; checked here because a bad limit would otherwise surface at every prompt's first tool call.
+MIN_MEMORY_BYTES = 6 * 1024 * 1024
+_MEMORY_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def docker_memory(value: Any) -> str:
+    """A container memory limit such as 512m or 2g (bytes without a unit), at least Docker's 6 MB minimum."""
+    text = str(value).strip().lower()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([bkmg]?)b?", text)
+    if not m or float(m.group(1)) * _MEMORY_UNITS[m.group(2)] < MIN_MEMORY_BYTES:
+        raise FatalError(f"--docker_memory must be a size of at least 6m, such as 512m or 2g, got {value!r}")
+    return m.group(1) + (m.group(2) or "b")
 
 
 def reasoning_effort(value: Any) -> str | None:
