@@ -44,8 +44,7 @@ def run_from_flags(f: dict[str, Any]) -> int:
     concurrency = opt.positive_int("concurrency", f["concurrency"]) if f["concurrency"] is not None else None
     max_samples = opt.positive_int("max_samples", f["max_samples"]) if f["max_samples"] is not None else None
     dist = get_distribution(str(f["distribution"]))
-    sandbox = str(f["sandbox"] or os.environ.get("TERMINAL_ENV") or "local")
-    opt.choice("sandbox", sandbox, ("local", "docker"))
+    sandbox = opt.sandbox_kind(f["sandbox"], os.environ.get("TERMINAL_ENV"))
     seed = f["seed"]
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise FatalError(f"--seed must be a whole number, got {seed!r}")
@@ -113,7 +112,7 @@ def run_from_flags(f: dict[str, Any]) -> int:
             require_reasoning=opt.boolean("require_reasoning", f["require_reasoning"]),
             sandbox_kind=sandbox,
             docker_image=f["docker_image"],
-            docker_memory=str(f["docker_memory"]),
+            docker_memory=opt.docker_memory(f["docker_memory"]),
             docker_cpus=opt.positive_float("docker_cpus", f["docker_cpus"]),
             docker_pids=opt.positive_int("docker_pids", f["docker_pids"]),
             verbose=verbose,
@@ -175,6 +174,8 @@ class Session:
         stop = threading.Event()
         interrupted = self._install_sigint(stop)
         bar = tqdm(total=len(remaining), unit="prompt", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
+        outcomes = ()
+        containers = self.cfg.sandbox_kind == "docker" or any(e.image for _, e in remaining)
         try:
             # Nothing left (a finished run resumed): no workers to spawn, only merge and statistics.
             outcomes = executor.run(self._tasks(remaining, first_batch), stop) if remaining else ()
@@ -190,6 +191,10 @@ class Session:
                 self._maybe_checkpoint()
         except KeyboardInterrupt:
             bar.close()
+            if containers:
+                if hasattr(outcomes, "close"):
+                    outcomes.close()  # workers stop first, so none starts a container after the reap
+                _reap_containers(self.cfg, "of the prompts stopped at once")
             self._checkpoint(state="interrupted")
             files.close()
             print("interrupted at once; run again with --resume to finish", file=sys.stderr)
@@ -197,6 +202,8 @@ class Session:
         finally:
             bar.close()
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        if containers:  # prompts remove their own; these are a dead worker's, or ones whose removal failed
+            _reap_containers(self.cfg, "that outlived their prompts")
         stats = self._finish(state="interrupted" if interrupted() else "finished")
         print(format_summary(stats))
         if interrupted():
@@ -343,8 +350,8 @@ class Session:
         return {k: out[k] for k in ("total", "done", "discarded", "failed", "not_run")}
 
 
-def _reap_containers(cfg: RunConfig) -> None:
-    """Remove containers a killed earlier session of this run left behind."""
+def _reap_containers(cfg: RunConfig, whose: str = "left by an earlier session") -> None:
+    """Remove the run's labelled containers: a killed earlier session's, or this one's once no prompt runs."""
     try:
         import sandbox_docker
     except ImportError:
@@ -355,4 +362,4 @@ def _reap_containers(cfg: RunConfig) -> None:
         log.info("no container reaping: %s", e)
         return
     if n:
-        print(f"removed {n} containers left by an earlier session of {cfg.run_name}", file=sys.stderr)
+        print(f"removed {n} containers {whose} of {cfg.run_name}", file=sys.stderr)
