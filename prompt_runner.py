@@ -91,6 +91,19 @@ def sandbox_spec(cfg: RunConfig, task: PromptTask) -> SandboxSpec:
     )
 
 
+class _PromptContext(ToolContext):
+    """Remembers why the sandbox could not be made, so the prompt fails instead of saving a trajectory of it."""
+
+    sandbox_error: SandboxError | None = None
+
+    def sandbox(self):
+        try:
+            return super().sandbox()
+        except SandboxError as e:  # the environment's fault, not the model's: retried on resume
+            self.sandbox_error = self.sandbox_error or e
+            raise
+
+
 def run_prompt(task: PromptTask, cfg: RunConfig) -> PromptOutcome:
     """Run one prompt; never raises: every problem becomes a failed outcome with its reason."""
     start = time.monotonic()
@@ -100,9 +113,11 @@ def run_prompt(task: PromptTask, cfg: RunConfig) -> PromptOutcome:
     try:
         spec = sandbox_spec(cfg, task)
         prepare_sandbox(spec)  # before any model call: an unavailable image costs no tokens
-        ctx = ToolContext(cfg.tools, spec, usage)
+        ctx = _PromptContext(cfg.tools, spec, usage)
         tools = offered_tools(task.toolsets, cfg.tools)
         result = run_agent(task.prompt, _client(cfg), tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill)
+        if ctx.sandbox_error is not None:
+            raise ctx.sandbox_error
         record = build_record(
             prompt_index=task.index,
             messages=result.messages,
