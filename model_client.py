@@ -74,16 +74,19 @@ class ModelClient:
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
+        self._http = httpx.Client(
+            timeout=settings.request_timeout,
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=512),
+        )
         self._client = openai.OpenAI(
             base_url=settings.base_url,
             api_key=settings.api_key or "none",
             timeout=settings.request_timeout,
             max_retries=0,  # retried here, so that malformed bodies and Retry-After get one policy
-            http_client=httpx.Client(
-                timeout=settings.request_timeout,
-                limits=httpx.Limits(max_connections=1024, max_keepalive_connections=512),
-            ),
+            http_client=self._http,
         )
+        self._url = str(self._client.base_url).rstrip("/") + "/chat/completions"
+        self._headers = {k: v for k, v in self._client.default_headers.items() if isinstance(v, str)}
         self._rng = random.Random()
         self._lock = threading.Lock()
 
@@ -99,7 +102,7 @@ class ModelClient:
             try:
                 # client.post sends the body as given: chat.completions.create would first walk it against the
                 # SDK's TypedDicts, which cost two thirds of the runner's CPU per prompt (bench/RESULTS.md).
-                response = self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+                response = self._post(body)
                 if not getattr(response, "choices", None):
                     raise _Malformed("reply has no choices")
                 return response
@@ -115,6 +118,21 @@ class ModelClient:
                 attempt += 1
             except openai.APIStatusError as e:
                 raise ModelCallError(_describe(e)) from e
+
+    def _post(self, body: dict) -> ChatCompletion:
+        """POST the body with httpx; failures become the openai exceptions the retry loop sorts."""
+        try:
+            r = self._http.post(self._url, content=json.dumps(body).encode(), headers=self._headers)
+        except httpx.TimeoutException as e:
+            raise openai.APITimeoutError(request=e.request) from e
+        except httpx.TransportError as e:
+            raise openai.APIConnectionError(request=e.request) from e
+        if r.status_code >= 400:
+            raise self._client._make_status_error_from_response(r)
+        data = r.json()
+        if not isinstance(data, dict):
+            raise _Malformed("reply is not a JSON object")
+        return ChatCompletion.construct(**data)
 
     def _delay(self, attempt: int, error: Exception) -> float:
         retry_after = _retry_after(error)
