@@ -100,8 +100,8 @@ class ModelClient:
         attempt = 0
         while True:
             try:
-                # client.post sends the body as given: chat.completions.create would first walk it against the
-                # SDK's TypedDicts, which cost two thirds of the runner's CPU per prompt (bench/RESULTS.md).
+                # Not chat.completions.create: its request building (TypedDict walk of every message and tool
+                # schema, options, headers) was most of the runner's CPU per prompt (bench/RESULTS.md).
                 response = self._post(body)
                 if not getattr(response, "choices", None):
                     raise _Malformed("reply has no choices")
