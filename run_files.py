@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -67,9 +68,20 @@ class RunFiles:
         line = self.redact(json.dumps(obj, ensure_ascii=False)) + "\n"
         f = self._handles.get(path)
         if f is None:
-            f = self._handles[path] = open(path, "a", encoding="utf-8")
-        f.write(line)
-        f.flush()
+            # A lone surrogate (a "\ud800" escape from the endpoint) is written back as that JSON escape.
+            f = self._handles[path] = open(path, "a", encoding="utf-8", errors="backslashreplace")
+        size = os.fstat(f.fileno()).st_size
+        try:
+            f.write(line)
+            f.flush()
+        except OSError:
+            # Disk full or gone: cut the half-written line, so every line in the file stays whole.
+            del self._handles[path]
+            with contextlib.suppress(OSError):
+                f.close()
+            with contextlib.suppress(OSError):
+                os.truncate(path, size)
+            raise
 
     def sync(self) -> None:
         """fsync the open files (done at checkpoints, so power loss costs seconds, not hours)."""
@@ -92,11 +104,15 @@ class RunFiles:
         """Replace a JSON file atomically (write, fsync, rename)."""
         path = self.path(name)
         tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(self.redact(json.dumps(obj, indent=2, ensure_ascii=False)) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
+                f.write(self.redact(json.dumps(obj, indent=2, ensure_ascii=False)) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            _remove_quietly(tmp)  # the old file stays as it was; no half-written .tmp is left
+            raise
 
     def read_json(self, name: str) -> dict | None:
         try:
@@ -137,6 +153,15 @@ class RunFiles:
         out_path = self.path("trajectories.jsonl")
         tmp = out_path + ".tmp"
         lead = self._first_tool_entry()
+        try:
+            self._merge_into(tmp, lead, report, on_record)
+            os.replace(tmp, out_path)
+        except OSError:
+            _remove_quietly(tmp)
+            raise
+        return report
+
+    def _merge_into(self, tmp: str, lead, report: MergeReport, on_record) -> None:
         with open(tmp, "wb") as out:
             if lead is not None:
                 out.write(lead[2])
@@ -154,8 +179,6 @@ class RunFiles:
                             on_record(record)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, out_path)
-        return report
 
     def _first_tool_entry(self) -> tuple[int, int, bytes] | None:
         """(batch, line position, line) of the first entry the merge keeps that has a tool call."""
@@ -200,6 +223,11 @@ def _iter_lines(path: str, report: MergeReport | None) -> Iterator[tuple[bytes, 
             except ValueError:
                 record = None
             yield raw, record if isinstance(record, dict) else None
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _cut_torn_tail(path: str) -> None:
