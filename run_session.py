@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -30,6 +31,7 @@ log = logging.getLogger("batch_runner")
 CHECKPOINT_SECONDS = 2.0
 EXIT_FAILURES = 3
 EXIT_INTERRUPTED = 130
+EXIT_WRITE_FAILED = 2
 
 
 def run_from_flags(f: dict[str, Any]) -> int:
@@ -199,12 +201,20 @@ class Session:
             files.close()
             print("interrupted at once; run again with --resume to finish", file=sys.stderr)
             return EXIT_INTERRUPTED
+        except OSError as e:  # disk full, directory gone or read-only: stop, keeping what is written
+            bar.close()
+            if hasattr(outcomes, "close"):
+                outcomes.close()
+            return self._write_failed(e)
         finally:
             bar.close()
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if containers:  # prompts remove their own; these are a dead worker's, or ones whose removal failed
             _reap_containers(self.cfg, "that outlived their prompts")
-        stats = self._finish(state="interrupted" if interrupted() else "finished")
+        try:
+            stats = self._finish(state="interrupted" if interrupted() else "finished")
+        except OSError as e:
+            return self._write_failed(e)
         print(format_summary(stats))
         if interrupted():
             print("stopped by Ctrl-C; run again with --resume to finish", file=sys.stderr)
@@ -216,6 +226,18 @@ class Session:
             )
             return EXIT_FAILURES
         return 0
+
+    def _write_failed(self, e: OSError) -> int:
+        """One line, no traceback: every line written before is whole, and --resume goes on from there."""
+        with contextlib.suppress(OSError):
+            self.files.close()
+            self._checkpoint(state="write_failed")
+        print(
+            f"error: cannot write to {self.files.dir} ({e.strerror or e}); stopped after recording "
+            f"{sum(self.counts.values())} prompts this session, all intact; free space and run again with --resume",
+            file=sys.stderr,
+        )
+        return EXIT_WRITE_FAILED
 
     def _remaining(self) -> list[tuple[int, Entry]]:
         """Entries not yet answered, matched by prompt text: k copies are done once k lines answer them."""
