@@ -7,9 +7,10 @@ import re
 from dataclasses import dataclass
 
 MAX_PROMPT_CHARS = 1_000_000
-# A docker reference: [registry[:port]/]name[/name...][:tag][@digest], lower-case names.
+# A docker reference: [registry[:port]/]name[/name...][:tag][@digest], lower-case names. As in docker, a first
+# component is a registry only with a dot, a port or "localhost" (so "UPPER/name" is a bad name, not a host).
 _IMAGE_RE = re.compile(
-    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"^(?:(?:[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+(?::[0-9]+)?|[a-zA-Z0-9-]+:[0-9]+|localhost)/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
     r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 
@@ -67,12 +68,12 @@ def _parse(line: bytes, number: int) -> tuple[Entry | None, str | None]:
     except RecursionError:  # e.g. a line of 100,000 "[": json recurses once per level
         return None, "not valid JSON (nested too deeply)"
     if not isinstance(row, dict):
-        return None, f"a JSON {type(row).__name__}, not an object"
+        return None, f"a JSON {_json_type(row)}, not an object"
     if "prompt" not in row:
         return None, 'no "prompt" field'
     prompt = row["prompt"]
     if not isinstance(prompt, str):
-        return None, f'"prompt" is a {type(prompt).__name__}, not a string'
+        return None, f'"prompt" is a JSON {_json_type(prompt)}, not a string'
     if not prompt.strip():
         return None, '"prompt" is empty'
     if "\x00" in prompt:
@@ -90,3 +91,9 @@ def _parse(line: bytes, number: int) -> tuple[Entry | None, str | None]:
     if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
         return None, f"cwd {cwd!r} is not an absolute path"
     return Entry(number, prompt, image, cwd), None
+
+
+def _json_type(value) -> str:
+    """The JSON name of a parsed value, as the user wrote it (not Python's: "NoneType", "list")."""
+    names = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
