@@ -34,7 +34,7 @@ from prompt_runner import PromptOutcome, PromptTask, RunConfig, run_prompt
 _POLL_SECONDS = 0.5
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, concurrency_groups={"control": 1})
 class PromptActor:
     """One Ray worker process running up to max_concurrency prompts on threads."""
 
@@ -44,6 +44,7 @@ class PromptActor:
     def run(self, task: PromptTask) -> PromptOutcome:
         return run_prompt(task, self.cfg)
 
+    @ray.method(concurrency_group="control")  # answers even while every prompt slot is busy
     def pid(self) -> int:
         return os.getpid()
 

@@ -143,7 +143,8 @@ def test_dead_actor_prompts_fail_and_a_new_actor_takes_over(local_ray):
             while not executor.actors:
                 time.sleep(0.05)
             pid = ray.get(executor.actors[0].pid.remote())
-            time.sleep(0.5)  # its two prompts are waiting on the server now
+            while len(srv.requests()) < 2:  # kill it once both its prompts wait on the server
+                time.sleep(0.05)
             os.kill(pid, signal.SIGKILL)
 
         killer = threading.Thread(target=kill_first_actor)
