@@ -55,18 +55,23 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.communicate(timeout=30)
 
 
-def run_until_killed(args: list[str], cwd: Path, run_dir: Path, rng: random.Random) -> str:
-    """Start a session and SIGKILL its whole process group at a random moment; returns what the moment was."""
+def run_until_killed(args: list[str], cwd: Path, run_dir: Path, rng: random.Random, quota: int) -> str:
+    """Start a session and SIGKILL its whole process group at a random moment; returns what the moment was.
+
+    The moment is a random time (often still at start-up) or a random number of new lines, never more than
+    `quota` lines, so that every kill finds work left to interrupt.
+    """
     before = lines_written(run_dir)
     by_time = rng.random() < 0.3
-    target = rng.uniform(0.2, 6.0) if by_time else rng.randint(1, 40)
+    target = rng.uniform(0.2, 6.0) if by_time else rng.randint(1, quota)
     proc = start_cli(args, cwd)
     start = time.monotonic()
     try:
         while proc.poll() is None and time.monotonic() - start < SESSION_DEADLINE:
-            if by_time and time.monotonic() - start >= target:
+            written = lines_written(run_dir) - before
+            if by_time and (time.monotonic() - start >= target or written >= quota):
                 break
-            if not by_time and lines_written(run_dir) - before >= target:
+            if not by_time and written >= target:
                 break
             time.sleep(0.01)
         if proc.poll() is not None:
@@ -122,7 +127,9 @@ def test_sigkill_at_ten_random_moments_then_resume(tmp_path):
         args.append(f"--base_url={srv.base_url}")
         for k in range(KILLS):
             frozen = run_dir.snapshot()
-            moments.append(run_until_killed(args + (["--resume"] if k else []), tmp_path, run_dir.path, rng))
+            quota = (len(prompts) - lines_written(run_dir.path)) // (KILLS - k + 1)
+            session_args = args + (["--resume"] if k else [])
+            moments.append(run_until_killed(session_args, tmp_path, run_dir.path, rng, quota))
             for name, content in frozen.items():
                 assert (run_dir.path / name).read_bytes() == content, f"{name} of an earlier session was touched"
             assert_consistent(run_dir)
