@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import ROOT, assert_clean_exit, run_cli, write_dataset
-from conftest_docker import docker_images  # noqa: F401  (the fixture, for the docker parametrization)
 
 import secrets_guard
 from scripted_server import ScriptedServer
