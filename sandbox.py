@@ -115,7 +115,11 @@ class LocalSandbox:
             return f.read()
 
     def write_file(self, path: str, data: bytes) -> None:
-        full = resolve_path(self.workdir, path)
+        full = os.path.realpath(resolve_path(self.workdir, path))
+        # The file tools may write only inside the prompt's own directories, never elsewhere on the host.
+        roots = {os.path.realpath(self.workdir), os.path.realpath(self._tmp)}
+        if not any(full == r or full.startswith(r + os.sep) for r in roots):
+            raise PermissionError(f"{path}: the local sandbox writes only inside its working directory {self.workdir}")
         os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
         with open(full, "wb") as f:
             f.write(data)

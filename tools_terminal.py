@@ -10,7 +10,12 @@ def terminal(args: dict, ctx: ToolContext) -> dict:
     if not isinstance(command, str) or not command.strip():
         return {"output": "", "exit_code": None, "error": "command must be a non-empty string"}
     limit = ctx.settings.command_timeout
-    timeout = min(float(args.get("timeout") or limit), limit)
+    try:
+        asked = float(args.get("timeout") or limit)
+    except (TypeError, ValueError):
+        asked = limit
+    # A zero, negative or absurd timeout from the model falls back to the limit rather than killing at once.
+    timeout = min(asked, limit) if asked >= 1 else limit
     result = ctx.sandbox().exec(command, timeout=timeout)
     error = f"command timed out after {timeout:g} s" if result.timed_out else None
     return {"output": result.output, "exit_code": result.exit_code, "error": error}

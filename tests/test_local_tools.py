@@ -169,3 +169,20 @@ def test_context_close_after_loop_removes_the_sandbox():
         record, _ = run_agent_full(srv, P, ["terminal"])
     workdir = json.loads(tool_turns(record)[0]["value"])["output"].strip()
     assert workdir.startswith("/") and not os.path.exists(workdir)
+
+
+def test_file_tools_never_write_outside_the_sandbox(ctx, tmp_path):
+    outside = tmp_path.parent / f"outside-{os.getpid()}.txt"
+    for path in (str(outside), "../" + outside.name):
+        result, ok = run(ctx, "write_file", path=path, content="x")
+        assert not ok and "writes only inside" in result["error"]
+    assert not outside.exists()
+    os.symlink(tmp_path.parent, tmp_path / "escape")
+    result, ok = run(ctx, "write_file", path=f"escape/{outside.name}", content="x")
+    assert not ok and not outside.exists()
+
+
+def test_a_silly_timeout_from_the_model_falls_back_to_the_limit(ctx):
+    for silly in (-1, 0, "soon"):
+        result, ok = run(ctx, "terminal", command="echo ran", timeout=silly)
+        assert ok and result["output"] == "ran\n"
