@@ -26,6 +26,7 @@ from run_files import RunFiles, iter_records, prompt_key
 from statistics_report import RunStats, format_summary
 from tool_registry import ToolSettings, unavailable_tools
 from toolset_distributions import get_distribution, prompt_rng, sample_toolsets
+from trajectory import first_human
 
 log = logging.getLogger("batch_runner")
 CHECKPOINT_SECONDS = 2.0
@@ -333,12 +334,19 @@ class Session:
         self.files.close()
         self._checkpoint(state=state)
         stats = RunStats()
-        report = self.files.merge(stats.add_trajectory)
+        kept, discarded = Counter(), Counter()
+
+        def on_kept(record: dict) -> None:
+            stats.add_trajectory(record)
+            _count_prompt(record, kept)
+
+        report = self.files.merge(on_kept)
         for line in iter_records(self.files.path("discarded.jsonl")):
             stats.add_discarded(line)
+            _count_prompt(line, discarded)
         for line in iter_records(self.files.path("failed.jsonl")):
             stats.add_failed_attempt(line)
-        prompts = self._prompt_outcomes()
+        prompts = self._prompt_outcomes(kept, discarded)
         doc = stats.to_dict(
             run_name=self.cfg.run_name,
             model=self.cfg.model.model,
@@ -355,10 +363,9 @@ class Session:
         self.files.write_json("statistics.json", doc)
         return doc
 
-    def _prompt_outcomes(self) -> dict:
+    def _prompt_outcomes(self, kept: Counter, discarded: Counter) -> dict:
         """Dataset prompts by their last word: done, discarded, failed, or not run yet."""
         dataset = Counter(prompt_key(e.prompt) for e in self.entries)
-        kept, discarded = self.files.answer_counts()
         failures = self.files.failure_counts()
         out = Counter(total=len(self.entries))
         for k, n in dataset.items():
@@ -370,6 +377,12 @@ class Session:
             out["failed"] += failed
             out["not_run"] += n - done - disc - failed
         return {k: out[k] for k in ("total", "done", "discarded", "failed", "not_run")}
+
+
+def _count_prompt(record: dict, into: Counter) -> None:
+    prompt = first_human(record)
+    if isinstance(prompt, str):
+        into[prompt_key(prompt)] += 1
 
 
 def _reap_containers(cfg: RunConfig, whose: str = "left by an earlier session") -> None:

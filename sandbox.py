@@ -83,9 +83,11 @@ class LocalSandbox:
         self._tag = f"{TAG_VAR}={uuid.uuid4().hex}".encode()
         self._env = dict(SAFE_ENV, HOME=self._tmp, TMPDIR=self._tmp, PWD=self.workdir)
         self._env[TAG_VAR] = self._tag.split(b"=", 1)[1].decode()
+        self._ran = False  # no command, nothing to hunt for in /proc at cleanup
 
     def exec(self, command: str, timeout: float) -> ExecResult:
         # A new session lets a timeout kill the whole process group, not just the shell.
+        self._ran = True
         proc = subprocess.Popen(
             ["/bin/bash", "-c", command],
             cwd=self.workdir,
@@ -125,7 +127,8 @@ class LocalSandbox:
             f.write(data)
 
     def cleanup(self) -> None:
-        _kill_tagged(self._tag)  # background processes the prompt left behind
+        if self._ran:
+            _kill_tagged(self._tag)  # background processes the prompt left behind
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
