@@ -44,9 +44,14 @@ class RunStats:
             self.max_turns_reached += 1
         self.api_calls += int(record.get("api_calls") or 0)
         for name, s in (record.get("tool_stats") or {}).items():
-            t = self.tools.setdefault(name, {"count": 0, "success": 0, "failure": 0})
-            for k in t:
-                t[k] += int(s.get(k, 0))
+            if not s.get("count"):
+                continue  # most tools are unused in most lines: skipping them is most of the merge's speed
+            t = self.tools.get(name)
+            if t is None:
+                t = self.tools[name] = {"count": 0, "success": 0, "failure": 0}
+            t["count"] += int(s["count"])
+            t["success"] += int(s.get("success", 0))
+            t["failure"] += int(s.get("failure", 0))
         with_r, without_r = reasoning_counts(record.get("conversations") or [])
         self.turns_with_reasoning += with_r
         self.turns_without_reasoning += without_r
