@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -126,9 +127,12 @@ def main(
     except (FatalError, DatasetError, UnknownDistribution) as e:
         _fatal(str(e), verbose)
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # already quitting: another Ctrl-C must not become a traceback
         print("interrupted; run again with --resume to finish", file=sys.stderr)
         sys.exit(130)
     if code:
+        if code == 130:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         sys.exit(code)
 
 

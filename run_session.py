@@ -178,6 +178,7 @@ class Session:
         interrupted = self._install_sigint(stop)
         bar = tqdm(total=len(remaining), unit="prompt", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
         outcomes = ()
+        quitting = False
         containers = self.cfg.sandbox_kind == "docker" or any(e.image for _, e in remaining)
         try:
             # Nothing left (a finished run resumed): no workers to spawn, only merge and statistics.
@@ -193,6 +194,8 @@ class Session:
                 )
                 self._maybe_checkpoint()
         except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # quitting at once: a third Ctrl-C must not cut the clean-up
+            quitting = True
             bar.close()
             if containers:
                 if hasattr(outcomes, "close"):
@@ -209,7 +212,8 @@ class Session:
             return self._write_failed(e)
         finally:
             bar.close()
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if not quitting:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
         if containers:  # prompts remove their own; these are a dead worker's, or ones whose removal failed
             _reap_containers(self.cfg, "that outlived their prompts")
         try:

@@ -320,18 +320,43 @@ def test_a_redirect_to_a_refused_address_is_blocked_in_the_browser(site, monkeyp
         ctx.close()
 
 
+def own_chromium(dirs: list[str]) -> set[int]:
+    """Running Chromium processes launched with one of these profile directories (no other test's)."""
+    marks = [d.encode() for d in dirs]
+    own = set()
+    for pid in live_chromium_pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if any(m in cmdline for m in marks):
+            own.add(pid)
+    return own
+
+
+def leftover_own_chromium(dirs: list[str]) -> set[int]:
+    deadline = time.monotonic() + 5
+    while (left := own_chromium(dirs)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def test_no_chromium_process_outlives_its_prompt(site):
-    before = live_chromium_pids()
+    # Scoped to this prompt's own launches: under a loaded full suite another test's browser may still be
+    # starting or stopping, and a machine-wide count would blame this one for it.
     ctx = make_ctx()
     ok(ctx, "browser_navigate", url=f"{site}/form.html")
-    assert live_chromium_pids() - before, "the browser should be running"
+    session = ctx.resources["browser_session"]
+    assert own_chromium(session._dirs), "the browser should be running"
     closed = ok(ctx, "browser_close")
     assert closed["closed"] is True
-    assert not leftover_chromium(before)
+    assert not leftover_own_chromium(session._dirs)
     ok(ctx, "browser_navigate", url=f"{site}/page2.html")  # a new browser after browser_close
-    assert live_chromium_pids() - before
+    session = ctx.resources["browser_session"]
+    dirs = list(session._dirs)
+    assert own_chromium(dirs)
     ctx.close()
-    assert not leftover_chromium(before)
+    assert not leftover_own_chromium(dirs)
 
 
 def test_prompts_on_different_threads_each_get_their_own_browser(site):
