@@ -1,7 +1,8 @@
 """The installed package must carry every module: an editable install maps only the listed ones."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -65,8 +65,13 @@ def test_tool_call_reply_parses():
 
 
 def test_reply_index_follows_assistant_count_and_repeats_last():
-    script = {"p": [{"content": "first"}, {"content": "second"}, {"content": "last", "usage": {
-        "prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}]}
+    script = {
+        "p": [
+            {"content": "first"},
+            {"content": "second"},
+            {"content": "last", "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}},
+        ]
+    }
     with ScriptedServer(script=script) as srv:
         c = client_for(srv)
         assistant = {"role": "assistant", "content": "x"}
@@ -154,8 +159,10 @@ def test_malformed_body_raises():
 
 
 def test_slow_fault_delays_then_answers():
-    script = {"p": [{"content": "late", "fault": "slow", "slow_seconds": 0.5}],
-              "stuck": [{"fault": "slow", "slow_seconds": 5, "fault_times": -1}]}
+    script = {
+        "p": [{"content": "late", "fault": "slow", "slow_seconds": 0.5}],
+        "stuck": [{"fault": "slow", "slow_seconds": 5, "fault_times": -1}],
+    }
     with ScriptedServer(script=script) as srv:
         start = time.monotonic()
         assert ask(client_for(srv), "p").choices[0].message.content == "late"
@@ -309,9 +316,25 @@ def test_subprocess_mode_prints_ready_and_serves(tmp_path):
     script.write_text(json.dumps({"hello": [{"content": "hi from subprocess"}]}))
     default = tmp_path / "default.json"
     default.write_text(json.dumps([{"content": "default {prompt}"}]))
-    cmd = [sys.executable, str(ROOT / "scripted_server.py"), "--port", "0", "--script", str(script),
-           "--default_script", str(default), "--latency", "0.01", "--jitter", "0.2", "--heavy_tail",
-           "--fault_rates", '{"500": 0.0}', "--seed", "1"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripted_server.py"),
+        "--port",
+        "0",
+        "--script",
+        str(script),
+        "--default_script",
+        str(default),
+        "--latency",
+        "0.01",
+        "--jitter",
+        "0.2",
+        "--heavy_tail",
+        "--fault_rates",
+        '{"500": 0.0}',
+        "--seed",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = []
