@@ -6,7 +6,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from agent_loop import run_agent
 from model_client import ModelCallError, ModelClient, ModelSettings
@@ -76,7 +76,7 @@ def _client(cfg: RunConfig) -> ModelClient:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds")
+    return datetime.now(UTC).replace(tzinfo=None).isoformat(timespec="seconds")
 
 
 def sandbox_spec(cfg: RunConfig, task: PromptTask) -> SandboxSpec:

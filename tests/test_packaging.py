@@ -1,8 +1,7 @@
 """The installed package must carry every module: an editable install maps only the listed ones."""
 
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
