@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
 import random
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -148,13 +150,23 @@ class _Malformed(Exception):
 
 
 def _retry_after(error: Exception) -> float | None:
+    """Seconds the server asked us to wait: retry-after-ms, or Retry-After as seconds or an HTTP date."""
     response = getattr(error, "response", None)
     if response is None:
         return None
-    value = response.headers.get("retry-after")
+    headers = response.headers
     try:
-        return max(float(value), 0.0) if value is not None else None
-    except ValueError:
+        if headers.get("retry-after-ms") is not None:
+            return max(float(headers["retry-after-ms"]) / 1000, 0.0)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max((when - datetime.now(when.tzinfo or UTC)).total_seconds(), 0.0)
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

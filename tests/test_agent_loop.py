@@ -278,6 +278,20 @@ def test_rate_limit_honours_retry_after():
     assert record["completed"] is True and record["conversations"][-1]["value"] == "finally"
 
 
+def test_rate_limit_honours_retry_after_given_as_an_http_date():
+    from datetime import UTC, datetime, timedelta
+    from email.utils import format_datetime
+
+    # Whole seconds in the header: aim 2.5 s ahead so the wait is at least ~1.5 s, far above the 0.01 s backoff.
+    when = format_datetime(datetime.now(UTC) + timedelta(seconds=2.5), usegmt=True)
+    with ScriptedServer(script={P: [{"fault": "429", "retry_after": when, "content": "later"}]}) as srv:
+        start = time.monotonic()
+        record = run_agent_once(srv, P, [], retry_base_delay=0.01)
+        elapsed = time.monotonic() - start
+    assert elapsed >= 1.4
+    assert record["conversations"][-1]["value"] == "later"
+
+
 def test_persistent_error_raises_after_max_retries_and_fails_the_prompt():
     with ScriptedServer(script={P: [{"fault": "500", "fault_times": -1}]}) as srv:
         with pytest.raises(ModelCallError, match="500"):
