@@ -24,7 +24,7 @@ from model_client import ModelSettings
 from prompt_runner import PromptOutcome, PromptTask, RunConfig, now_iso
 from run_files import RunFiles, iter_records, prompt_key
 from statistics_report import RunStats, format_summary
-from tool_registry import ToolSettings, unavailable_tools
+from tool_registry import TOOLSET_OF, ToolSettings, unavailable_tools
 from toolset_distributions import get_distribution, prompt_rng, sample_toolsets
 from trajectory import first_human
 
@@ -165,8 +165,7 @@ class Session:
             raise FatalError(f"cannot write to {files.dir}: {e.strerror}") from None
         self.previous = files.read_json("checkpoint.json") or {}
         _reap_containers(self.cfg)
-        for reason in sorted(unavailable_tools(self.cfg.tools).values()):
-            log.info("not offered: %s", reason)
+        self._warn_unavailable_tools()
         remaining = self._remaining()
         first_batch = max(files.batch_numbers(), default=-1) + 1
         print(
@@ -243,6 +242,15 @@ class Session:
             file=sys.stderr,
         )
         return EXIT_WRITE_FAILED
+
+    def _warn_unavailable_tools(self) -> None:
+        """One warning per missing backend, for the toolsets this distribution can sample, once at start."""
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in unavailable_tools(self.cfg.tools).items():
+            if TOOLSET_OF[name] in self.dist.probabilities:
+                by_reason.setdefault(reason, []).append(name)
+        for reason, names in by_reason.items():
+            print(f"warning: not offered: {', '.join(names)}: {reason}", file=sys.stderr)
 
     def _remaining(self) -> list[tuple[int, Entry]]:
         """Entries not yet answered, matched by prompt text: k copies are done once k lines answer them."""
