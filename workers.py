@@ -14,7 +14,6 @@ import queue
 import signal
 import threading
 from collections.abc import Iterable, Iterator
-from multiprocessing import forkserver
 
 from prompt_runner import PromptOutcome, PromptTask, RunConfig, run_prompt
 
@@ -54,7 +53,7 @@ class LocalExecutor:
         self.cfg = cfg
         self.num_workers = num_workers
         self.threads = threads_per_worker
-        self._ctx = _start_context()
+        self._ctx = mp.get_context("spawn")  # no fork: the parent runs threads (progress bar, signals)
 
     def run(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
         """Yield outcomes as prompts finish; after `stop` is set no new prompt is handed out."""
@@ -82,21 +81,6 @@ class LocalExecutor:
                 yield outcome
         finally:
             _shutdown(workers)
-
-
-def _start_context():
-    """A forkserver that imports the worker code now, while the parent is still setting up the session.
-
-    Every worker is then forked from it ready to run: two workers cost one interpreter start-up instead of
-    two competing for the cores, and a replacement starts at once (bench/RESULTS.md). Not plain fork: the
-    parent runs threads (progress bar, queue feeders) and may hold a large dataset.
-    """
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", __name__])
-    forkserver.ensure_running()
-    return ctx
 
 
 def _dispatch(workers: list[_Worker], pending: Iterator[PromptTask]) -> bool:
