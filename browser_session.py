@@ -26,6 +26,7 @@ websocket tunnel fails to connect. Service workers are blocked to keep requests 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import queue
 import select
@@ -34,11 +35,13 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+log = logging.getLogger("batch_runner")
 DEFAULT_EXECUTABLE = "/usr/bin/chromium"
 EXECUTABLE_ENV = "BROWSER_EXECUTABLE"
 CHROMIUM_ARGS = (
@@ -53,6 +56,7 @@ CHROMIUM_ARGS = (
     "--disable-sync",
 )
 LAUNCH_TIMEOUT = 60.0
+MAX_CONFIG_PATH = 50  # leaves room for Chromium's own temp dir and socket name under 107 bytes
 HANG_GRACE = 10.0  # beyond an operation's own timeout before the browser is declared hung
 VIEWPORT = {"width": 1280, "height": 900}
 MARKER_FLAG = "--batch-runner-browser-session="
@@ -83,6 +87,15 @@ def short_error(e: BaseException) -> str:
     """The first line of an exception: Playwright appends long call logs and browser output."""
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+def launch_error(e: BaseException) -> str:
+    """The first line of a launch error plus Chromium's last words, which say why it did not start."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    logs = [line for line in lines[1:] if not line.startswith(("=", "-", "Call log", "- <launching>"))]
+    return "; ".join([lines[0], *logs[-3:]])[:600]
 
 
 @dataclass
@@ -204,10 +217,19 @@ class BrowserSession:
                 try:
                     if playwright is None:
                         playwright = sync_playwright().start()
-                    note = self._ensure_browser(playwright, live)
+                    try:
+                        note = self._ensure_browser(playwright, live)
+                    except Exception as first:
+                        # A launch can fail transiently on a loaded machine (Chromium exits during start-up):
+                        # one more try, after clearing what the failed launch left, before failing the call.
+                        log.warning("browser launch failed, retrying once: %s", launch_error(first))
+                        self._kill_browser()
+                        live.browser = None
+                        time.sleep(1.0)
+                        note = self._ensure_browser(playwright, live)
                 except BaseException as e:
                     task.started.set()
-                    task.future.set_exception(BrowserError(f"cannot start the browser: {short_error(e)}"))
+                    task.future.set_exception(BrowserError(f"cannot start the browser: {launch_error(e)}"))
                     continue
                 task.started.set()
                 try:
@@ -249,6 +271,11 @@ class BrowserSession:
         if self._proxy is None:
             self._proxy = PolicyProxy(self.allow_private, self._record_refusal)
         config = tempfile.mkdtemp(prefix="batch-runner-browser-")
+        if len(config) > MAX_CONFIG_PATH:
+            # Chromium's singleton socket lives under TMPDIR and a Unix socket path has 107 bytes at most:
+            # under a deep TMPDIR Chromium dies at start-up ("Socket path too long").
+            os.rmdir(config)
+            config = tempfile.mkdtemp(prefix="br-browser-", dir="/tmp")
         self._dirs.append(config)
         live.browser = playwright.chromium.launch(
             executable_path=self.executable,
@@ -258,7 +285,7 @@ class BrowserSession:
             proxy={"server": f"http://127.0.0.1:{self._proxy.port}", "bypass": "<-loopback>"},
             # Crashpad and profile data land under XDG_CONFIG_HOME: keeping it per launch both spares the
             # user's ~/.config and puts the directory in the crashpad handlers' command lines, to find them.
-            env={**os.environ, "XDG_CONFIG_HOME": config},
+            env={**os.environ, "XDG_CONFIG_HOME": config, "TMPDIR": config},
             timeout=LAUNCH_TIMEOUT * 1000,
             handle_sigint=False,
             handle_sigterm=False,

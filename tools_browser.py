@@ -159,8 +159,11 @@ IMAGES_JS = """
 })).filter((i) => i.url)
 """
 
+# Scroll events fire on the next frame: wait two frames (and a beat for timers) so that content a page adds
+# on scroll (infinite lists, "load more") is there for the next snapshot.
 SCROLL_JS = """
-(dy) => { window.scrollBy(0, dy * window.innerHeight * 0.8);
+async (dy) => { window.scrollBy(0, dy * window.innerHeight * 0.8);
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r, 50))));
   const el = document.scrollingElement || document.documentElement;
   return { scroll_y: Math.round(window.scrollY), page_height: el.scrollHeight, viewport_height: window.innerHeight }; }
 """
