@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import openai
-from openai.types.chat import ChatCompletion
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 PROVIDER_SORTS = ("price", "throughput", "latency")
@@ -92,7 +91,7 @@ class ModelClient:
         self._rng = random.Random()
         self._lock = threading.Lock()
 
-    def chat(self, messages: list[dict], tools: list[dict]) -> Any:
+    def chat(self, messages: list[dict], tools: list[dict]) -> Reply:
         """One chat completion; retried on 429, 5xx, timeouts, dropped connections and malformed replies."""
         s = self.settings
         body: dict[str, Any] = {"model": s.model, "messages": messages}
@@ -121,7 +120,7 @@ class ModelClient:
             except openai.APIStatusError as e:
                 raise ModelCallError(_describe(e)) from e
 
-    def _post(self, body: dict) -> ChatCompletion:
+    def _post(self, body: dict) -> Reply:
         """POST the body with httpx; failures become the openai exceptions the retry loop sorts."""
         try:
             r = self._http.post(self._url, content=json.dumps(body).encode(), headers=self._headers)
@@ -134,7 +133,7 @@ class ModelClient:
         data = r.json()
         if not isinstance(data, dict):
             raise _Malformed("reply is not a JSON object")
-        return ChatCompletion.construct(**data)
+        return Reply(data)
 
     def _delay(self, attempt: int, error: Exception) -> float:
         retry_after = _retry_after(error)
@@ -143,6 +142,27 @@ class ModelClient:
         with self._lock:
             jitter = self._rng.uniform(0.75, 1.25)
         return min(self.settings.retry_base_delay * 2**attempt, self.settings.retry_max_delay) * jitter
+
+
+class Reply(dict):
+    """The reply's JSON, also read by attribute as the openai types are (`r.choices[0].message`); absent is None.
+
+    Not ChatCompletion.construct: building the pydantic objects took ~0.1 ms a call, about a tenth of a
+    worker's CPU per prompt (bench/RESULTS.md), and the loop reads a handful of fields.
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, key: str) -> Any:
+        return _readable(self.get(key))
+
+
+def _readable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return Reply(value)
+    if isinstance(value, list):
+        return [_readable(v) for v in value]
+    return value
 
 
 class _Malformed(Exception):
