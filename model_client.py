@@ -71,14 +71,13 @@ _CONTEXT_WORDS = ("context_length_exceeded", "maximum context length", "context 
 
 
 class ModelClient:
-    """One client per process; httpx pools connections and is safe to share between threads."""
+    """One client per process, shared by its threads; each thread POSTs through its own connection pool."""
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
-        self._http = httpx.Client(
-            timeout=settings.request_timeout,
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=512),
-        )
+        self._ssl = httpx.create_ssl_context()  # loading the CA bundle takes ~25 ms: made once, shared by every pool
+        self._http = httpx.Client(timeout=settings.request_timeout, verify=self._ssl)
+        self._pools = threading.local()
         self._client = openai.OpenAI(
             base_url=settings.base_url,
             api_key=settings.api_key or "none",
@@ -123,7 +122,7 @@ class ModelClient:
     def _post(self, body: dict) -> Reply:
         """POST the body with httpx; failures become the openai exceptions the retry loop sorts."""
         try:
-            r = self._http.post(self._url, content=json.dumps(body).encode(), headers=self._headers)
+            r = self._pool().post(self._url, content=json.dumps(body).encode(), headers=self._headers)
         except httpx.TimeoutException as e:
             raise openai.APITimeoutError(request=e.request) from e
         except httpx.TransportError as e:
@@ -134,6 +133,15 @@ class ModelClient:
         if not isinstance(data, dict):
             raise _Malformed("reply is not a JSON object")
         return Reply(data)
+
+    def _pool(self) -> httpx.Client:
+        """This thread's connection pool, made on its first call."""
+        # httpcore walks every connection of a pool under its lock on each request and release: one pool shared
+        # by 128 threads serialised them, and its CPU per call grew with concurrency (bench/RESULTS.md).
+        http = getattr(self._pools, "http", None)
+        if http is None:
+            http = self._pools.http = httpx.Client(timeout=self.settings.request_timeout, verify=self._ssl)
+        return http
 
     def _delay(self, attempt: int, error: Exception) -> float:
         retry_after = _retry_after(error)
