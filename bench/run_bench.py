@@ -2,6 +2,7 @@
 
     python bench/run_bench.py                 # every benchmark (several minutes)
     python bench/run_bench.py --only 1,2      # some of them: 1 throughput, 2 memory, 3 CPU, 4 resume, 5 batch vs prompt
+    python bench/run_bench.py --only 1b       # only the concurrency-256 throughput run of (1)
     python bench/run_bench.py --only 6        # optional: throughput through Ray (--ray_address=local)
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
@@ -168,7 +169,7 @@ def check_all_done(name: str, r: dict, n: int) -> None:
 def bench_throughput(results: dict, which: str = "12") -> None:
     """(1) wall ÷ N·L/C at 64 and 256 in flight; (2) peak memory at 256."""
     for n, conc in ((1000, 64), (2000, 256)):
-        if conc == 64 and "1" not in which:
+        if conc == 64 and ("1" not in which or "b" in which):  # "1b": the concurrency-256 run only
             continue
         workers = 2
         with Server(latency=1.0, jitter=0.2) as srv:
