@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from model_client import ContextOverflow, ModelClient
 from reasoning import split_reasoning
@@ -61,14 +63,15 @@ def run_agent(
         reasoning, content = split_reasoning(choice.message)
         assistant: dict = {"role": "assistant", "content": content, "reasoning": reasoning}
         cut = choice.finish_reason == "length"
+        # Some servers omit call ids or send arguments as an object: normalise so ids pair calls with results.
+        calls = [
+            (c.id or f"call_{result.api_calls}_{i}", c.function.name, _arguments_text(c.function.arguments))
+            for i, c in enumerate(calls)
+        ]
         if calls and not cut:
             assistant["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.function.name, "arguments": c.function.arguments},
-                }
-                for c in calls
+                {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+                for cid, name, args in calls
             ]
         saved.append(assistant)
         if cut:
@@ -79,11 +82,17 @@ def run_agent(
         if not calls:
             result.completed, result.stop_reason = True, "answered"
             return result
-        for c in calls:
-            output, _ok = call_tool(by_name[c.function.name], c.function.arguments, ctx)
-            saved.append({"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": output})
+        for cid, name, args in calls:
+            output, _ok = call_tool(by_name[name], args, ctx)
+            saved.append({"role": "tool", "tool_call_id": cid, "name": name, "content": output})
     result.stop_reason = "max_turns"
     return result
+
+
+def _arguments_text(arguments: Any) -> str:
+    if arguments is None:
+        return "{}"
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 def _for_api(message: dict) -> dict:

@@ -318,3 +318,44 @@ def test_tool_stats_follow_call_ids_through_the_loop():
     assert record["tool_stats"]["terminal"] == {"count": 2, "success": 2, "failure": 0}
     assert record["tool_error_counts"]["read_file"] == 2 and record["tool_error_counts"]["terminal"] == 0
     assert result.stop_reason == "answered"
+
+
+def test_calls_without_ids_or_with_object_arguments_are_normalised(tmp_path):
+    # The scripted server always sends ids and string arguments; some real servers do neither, so a
+    # stand-in client returns such a reply (the only case here that cannot go through the server).
+    from agent_loop import run_agent
+    from model_client import Reply
+    from sandbox import SandboxSpec
+    from tool_registry import ToolContext, ToolSettings, load_tools
+
+    replies = [
+        {
+            "choices": [
+                {
+                    "finish_reason": "tool_calls",
+                    "message": {
+                        "content": "",
+                        "tool_calls": [
+                            {"type": "function", "function": {"name": "terminal", "arguments": {"command": "echo hi"}}}
+                        ],
+                    },
+                }
+            ]
+        },
+        {"choices": [{"finish_reason": "stop", "message": {"content": "done"}}]},
+    ]
+
+    class StandIn:
+        def chat(self, messages, tools):
+            return Reply(replies[sum(m["role"] == "assistant" for m in messages)])
+
+    ctx = ToolContext(ToolSettings(), SandboxSpec(cwd=str(tmp_path)))
+    try:
+        result = run_agent("p", StandIn(), [load_tools()["terminal"]], ctx, max_turns=3)
+    finally:
+        ctx.close()
+    call = result.messages[1]["tool_calls"][0]
+    assert call["id"] and call["function"]["arguments"] == '{"command": "echo hi"}'
+    assert result.messages[2]["tool_call_id"] == call["id"]
+    assert json.loads(result.messages[2]["content"])["output"] == "hi\n"
+    assert result.completed
