@@ -187,20 +187,24 @@ def script_for(i: int, toolsets: list[str], site_url: str) -> list[dict]:
     return replies
 
 
-def our_processes(marker: str) -> set[int]:
-    """Live (non-zombie) processes started by this run: their environment carries its marker."""
+def live_processes(wanted) -> set[int]:
+    """Live (non-zombie) processes whose /proc entry satisfies wanted(entry)."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            environ = (entry / "environ").read_bytes()
-        except OSError:
+            if state != "Z" and wanted(entry):
+                pids.add(int(entry.name))
+        except OSError:  # it has exited since it was listed, or is not ours to read
             continue
-        if state != "Z" and marker.encode() in environ:
-            pids.add(int(entry.name))
     return pids
+
+
+def our_processes(marker: str) -> set[int]:
+    """Processes started by this run: their environment carries its marker."""
+    return live_processes(lambda entry: marker.encode() in (entry / "environ").read_bytes())
 
 
 def cmdline_of(pid: int) -> bytes:
@@ -211,19 +215,13 @@ def cmdline_of(pid: int) -> bytes:
 
 
 def chromium_processes() -> set[int]:
-    """Live (non-zombie) Chromium processes: the browser, its renderers, helpers and crashpad handlers."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if state != "Z" and b"chrom" in os.path.basename(cmdline).lower():
-            pids.add(int(entry.name))
-    return pids
+    """Chromium processes: the browser, its renderers, helpers and crashpad handlers."""
+
+    def is_chromium(entry: Path) -> bool:
+        exe = (entry / "cmdline").read_bytes().split(b"\0")[0]
+        return b"chrom" in os.path.basename(exe).lower()
+
+    return live_processes(is_chromium)
 
 
 def test_research_run_every_sampled_tool_call_succeeds(tmp_path, site):
