@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import openai
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 PROVIDER_SORTS = ("price", "throughput", "latency")
+USER_AGENT = "batch-runner"
 
 
 class ModelCallError(Exception):
@@ -66,7 +66,6 @@ class ModelSettings:
         return body
 
 
-_RETRYABLE = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
 _CONTEXT_WORDS = ("context_length_exceeded", "maximum context length", "context length", "too many tokens")
 
 
@@ -76,17 +75,11 @@ class ModelClient:
     def __init__(self, settings: ModelSettings):
         self.settings = settings
         self._ssl = httpx.create_ssl_context()  # loading the CA bundle takes ~25 ms: made once, shared by every pool
-        self._http = httpx.Client(timeout=settings.request_timeout, verify=self._ssl)
         self._pools = threading.local()
-        self._client = openai.OpenAI(
-            base_url=settings.base_url,
-            api_key=settings.api_key or "none",
-            timeout=settings.request_timeout,
-            max_retries=0,  # retried here, so that malformed bodies and Retry-After get one policy
-            http_client=self._http,
-        )
-        self._url = str(self._client.base_url).rstrip("/") + "/chat/completions"
-        self._headers = {k: v for k, v in self._client.default_headers.items() if isinstance(v, str)}
+        self._url = settings.base_url.rstrip("/") + "/chat/completions"
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT}
+        if settings.api_key:
+            self._headers["Authorization"] = f"Bearer {settings.api_key}"
         self._rng = random.Random()
         self._lock = threading.Lock()
 
@@ -100,38 +93,44 @@ class ModelClient:
         attempt = 0
         while True:
             try:
-                # Not chat.completions.create: its request building (TypedDict walk of every message and tool
-                # schema, options, headers) was most of the runner's CPU per prompt (bench/RESULTS.md).
-                response = self._post(body)
-                if not getattr(response, "choices", None):
-                    raise _Malformed("reply has no choices")
-                return response
-            except openai.BadRequestError as e:
-                text = f"{e.code or ''} {e.message}".lower()
-                if any(w in text for w in _CONTEXT_WORDS):
-                    raise ContextOverflow(f"context overflow: {_short(e)}") from e
-                raise ModelCallError(f"request rejected: {_short(e)}") from e
-            except _RETRYABLE + (_Malformed, json.JSONDecodeError, openai.APIResponseValidationError) as e:
+                # Not the openai SDK: its request building (TypedDict walk of every message and tool schema,
+                # options, headers) was most of the runner's CPU per prompt, and importing it took ~0.5 s of
+                # every worker's start (bench/RESULTS.md).
+                return self._post(body)
+            except _Status as e:
+                if e.status_code == 400:
+                    text = f"{e.code} {e.body_text}".lower()
+                    if any(w in text for w in _CONTEXT_WORDS):
+                        raise ContextOverflow(f"context overflow: {e}") from e
+                    raise ModelCallError(f"request rejected: {e}") from e
+                if not e.retryable or attempt >= s.max_retries:
+                    raise ModelCallError(_after(e, attempt)) from e
+                delay = self._delay(attempt, e)
+            except _AttemptFailed as e:
                 if attempt >= s.max_retries:
-                    raise ModelCallError(f"{_describe(e)} (after {attempt + 1} attempts)") from e
-                time.sleep(self._delay(attempt, e))
-                attempt += 1
-            except openai.APIStatusError as e:
-                raise ModelCallError(_describe(e)) from e
+                    raise ModelCallError(_after(e, attempt)) from e
+                delay = self._delay(attempt, e)
+            time.sleep(delay)
+            attempt += 1
 
     def _post(self, body: dict) -> Reply:
-        """POST the body with httpx; failures become the openai exceptions the retry loop sorts."""
+        """POST the body with httpx; every failure becomes an _AttemptFailed the retry loop sorts."""
         try:
             r = self._pool().post(self._url, content=json.dumps(body).encode(), headers=self._headers)
         except httpx.TimeoutException as e:
-            raise openai.APITimeoutError(request=e.request) from e
+            raise _AttemptFailed("request timed out") from e
         except httpx.TransportError as e:
-            raise openai.APIConnectionError(request=e.request) from e
+            raise _AttemptFailed("connection failed or dropped") from e
         if r.status_code >= 400:
-            raise self._client._make_status_error_from_response(r)
-        data = r.json()
+            raise _Status(r)
+        try:
+            data = r.json()
+        except ValueError as e:  # json.JSONDecodeError, or a body that is not UTF-8
+            raise _AttemptFailed(f"malformed reply: {str(e)[:200]}") from e
         if not isinstance(data, dict):
-            raise _Malformed("reply is not a JSON object")
+            raise _AttemptFailed("malformed reply: reply is not a JSON object")
+        if not data.get("choices"):
+            raise _AttemptFailed("malformed reply: reply has no choices")
         return Reply(data)
 
     def _pool(self) -> httpx.Client:
@@ -143,8 +142,8 @@ class ModelClient:
             http = self._pools.http = httpx.Client(timeout=self.settings.request_timeout, verify=self._ssl)
         return http
 
-    def _delay(self, attempt: int, error: Exception) -> float:
-        retry_after = _retry_after(error)
+    def _delay(self, attempt: int, error: _AttemptFailed) -> float:
+        retry_after = _retry_after(error.response) if isinstance(error, _Status) else None
         if retry_after is not None:
             return min(retry_after, self.settings.retry_max_delay)
         with self._lock:
@@ -173,15 +172,39 @@ def _readable(value: Any) -> Any:
     return value
 
 
-class _Malformed(Exception):
-    pass
+class _AttemptFailed(Exception):
+    """One attempt failed in a way that retrying may fix; the message is the one-line reason for failed.jsonl."""
 
 
-def _retry_after(error: Exception) -> float | None:
+class _Status(_AttemptFailed):
+    """An HTTP error status. 429 and 5xx are retried; other statuses fail at once (never the request headers)."""
+
+    def __init__(self, response: httpx.Response):
+        self.response = response
+        self.status_code = response.status_code
+        self.body_text = response.text.strip()
+        self.code = ""
+        message = self.body_text
+        try:
+            body = json.loads(self.body_text)
+        except ValueError:
+            body = None
+        error = body.get("error", body) if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            self.code = str(error.get("code") or "")
+            message = str(error.get("message") or message)
+        elif isinstance(error, str):
+            message = error
+        self.retryable = self.status_code == 429 or self.status_code >= 500
+        super().__init__(f"HTTP {self.status_code}: {message[:200]}")
+
+
+def _after(e: _AttemptFailed, attempt: int) -> str:
+    return f"{e} (after {attempt + 1} attempts)" if attempt else str(e)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
     """Seconds the server asked us to wait: retry-after-ms, or Retry-After as seconds or an HTTP date."""
-    response = getattr(error, "response", None)
-    if response is None:
-        return None
     headers = response.headers
     try:
         if headers.get("retry-after-ms") is not None:
@@ -196,20 +219,3 @@ def _retry_after(error: Exception) -> float | None:
             return max((when - datetime.now(when.tzinfo or UTC)).total_seconds(), 0.0)
     except (TypeError, ValueError, OverflowError):
         return None
-
-
-def _short(e: openai.APIStatusError) -> str:
-    return f"HTTP {e.status_code}: {(e.message or '')[:200]}"
-
-
-def _describe(e: Exception) -> str:
-    """A one-line reason for failed.jsonl; never includes request headers (the key lives there)."""
-    if isinstance(e, openai.APITimeoutError):
-        return "request timed out"
-    if isinstance(e, openai.APIConnectionError):
-        return "connection failed or dropped"
-    if isinstance(e, openai.APIStatusError):
-        return _short(e)
-    if isinstance(e, (json.JSONDecodeError, openai.APIResponseValidationError, _Malformed)):
-        return f"malformed reply: {str(e)[:200]}"
-    return f"{type(e).__name__}: {str(e)[:200]}"

@@ -18,8 +18,6 @@ import binascii
 import os
 import uuid
 
-import openai
-
 from tool_registry import Tool, ToolContext, ToolSettings, register
 from tools_vision import image_mime
 
@@ -27,6 +25,8 @@ _EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "ima
 
 
 def image_generate(args: dict, ctx: ToolContext) -> dict:
+    import openai  # imported here: ~0.5 s at start-up, and most runs never call this tool
+
     prompt = args.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         return _failed("prompt must be a non-empty string")

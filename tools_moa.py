@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
-
-import openai
+from typing import TYPE_CHECKING, Any
 
 from tool_registry import Tool, ToolContext, ToolSettings, register
+
+if TYPE_CHECKING:
+    import openai
 
 MAX_PARALLEL = 8
 AGGREGATOR_SYSTEM = (
@@ -38,6 +39,8 @@ class Answer:
 
 def ask(client: openai.OpenAI, model: str, messages: list[dict]) -> Answer:
     """Call one model; failures come back in the Answer, never raised, so the other calls go on."""
+    import openai
+
     try:
         reply = client.chat.completions.create(model=model, messages=messages)
     except openai.APIError as e:
@@ -48,6 +51,8 @@ def ask(client: openai.OpenAI, model: str, messages: list[dict]) -> Answer:
 
 
 def mixture_of_agents(args: dict, ctx: ToolContext) -> dict:
+    import openai  # imported here: ~0.5 s at start-up, and most runs never call this tool
+
     prompt = args.get("user_prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         return {"response": "", "error": "user_prompt must be a non-empty string"}

@@ -17,8 +17,6 @@ import base64
 import os
 import re
 
-import openai
-
 from tool_registry import Tool, ToolContext, register
 from url_policy import check_url
 
@@ -33,6 +31,8 @@ _MAGIC = (
 
 
 def vision_analyze(args: dict, ctx: ToolContext) -> dict:
+    import openai  # imported here: ~0.5 s at start-up, and most runs never call this tool
+
     image = args.get("image_url")
     question = args.get("question") or DEFAULT_QUESTION
     if not isinstance(image, str) or not image.strip():
