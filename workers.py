@@ -23,8 +23,9 @@ _POLL_SECONDS = 0.5
 
 def _worker_main(cfg: RunConfig, tasks: mp.Queue, results: mp.Queue, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    # The imported modules (openai's types above all) are ~100k objects that live as long as the process; a
-    # full collection walking them paused all the worker's threads for ~0.17 s, several times a run.
+    # The imported modules are tens of thousands of objects that live as long as the process; a
+    # full collection walks them all and pauses every thread of the worker (~0.17 s each while the workers
+    # still imported openai, several times a run).
     gc.freeze()
 
     def slot() -> None:

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 RUNNER = str(ROOT / "batch_runner.py")
-# Workers are spawned and import openai; a run of a few prompts takes seconds, a stuck one must not hang CI.
+# Workers are spawned interpreters; a run of a few prompts takes seconds, a stuck one must not hang CI.
 RUN_TIMEOUT = 180
 
 
