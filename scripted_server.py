@@ -74,108 +74,26 @@ import random
 import re
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
-import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from scripted_replies import (
+    DEFAULT_USAGE,
+    MALFORMED_BODY,
+    MODEL_ID,
+    PNG_BYTES,
+    build_message,
+    error_body,
+    prompt_of,
+    spec_list,
+)
 
 __all__ = ["MODEL_ID", "PNG_BYTES", "ScriptedServer", "main", "prompt_of"]
 
-MODEL_ID = "scripted-model"
 HEAVY_TAIL_SIGMA = 1.0
-DEFAULT_USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
-MALFORMED_BODY = b'{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{'
 _IMAGE_PATH = re.compile(r"^/images/(\d+)\.png$")
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    429: "rate_limit_exceeded",
-}
-
-
-def _make_png() -> bytes:
-    """Return a valid 1x1 red RGB PNG."""
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
-
-    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
-    idat = zlib.compress(b"\x00\xff\x00\x00")
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
-
-
-PNG_BYTES = _make_png()
-
-
-def _text_of(content) -> str:
-    """Flatten message content (str, None or list of parts) to text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-        return "\n".join(texts)
-    return str(content)
-
-
-def prompt_of(body: dict) -> str:
-    """Return the text of the first user message of a chat request."""
-    for msg in body.get("messages") or []:
-        if isinstance(msg, dict) and msg.get("role") == "user":
-            return _text_of(msg.get("content"))
-    return ""
-
-
-def _spec_list(value, what: str) -> list:
-    """Normalise a spec or list of specs, rejecting anything else early."""
-    if isinstance(value, dict):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, dict) for s in value):
-        raise TypeError(f"{what} must be a reply spec dict or a list of them")
-    return value
-
-
-def _error_body(status: int, message: str, type_: str | None = None, code=None) -> dict:
-    """Build an OpenAI-style error object."""
-    if type_ is None:
-        type_ = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
-    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
-
-
-def _build_message(spec: dict, turn: int) -> tuple[dict, str]:
-    """Return the assistant message and finish_reason for a reply spec."""
-    calls = []
-    for i, call in enumerate(spec.get("tool_calls") or []):
-        args = call.get("arguments", "{}")
-        if not isinstance(args, str):
-            args = json.dumps(args)
-        calls.append(
-            {
-                "id": call.get("id") or f"call_{turn}_{i}",
-                "type": "function",
-                "function": {"name": call["name"], "arguments": args},
-            }
-        )
-    content = spec.get("content", None if calls else "OK")
-    msg: dict = {"role": "assistant", "content": content}
-    if calls:
-        msg["tool_calls"] = calls
-    for key in ("reasoning", "reasoning_content", "reasoning_details"):
-        if key in spec:
-            msg[key] = spec[key]
-    finish = spec.get("finish_reason") or ("tool_calls" if calls else "stop")
-    return msg, finish
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -265,7 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_body() if method == "POST" else b""
         except (ValueError, OSError):
             self.close_connection = True
-            self._send_json(400, _error_body(400, "could not read request body"))
+            self._send_json(400, error_body(400, "could not read request body"))
             return
         try:
             self._route(method, self.path.split("?", 1)[0], body)
@@ -276,7 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             try:
-                self._send_json(500, _error_body(500, f"{type(exc).__name__}: {exc}"))
+                self._send_json(500, error_body(500, f"{type(exc).__name__}: {exc}"))
             except OSError:
                 self.close_connection = True
 
@@ -306,7 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, owner.fault_rates())
             if _IMAGE_PATH.match(path):
                 return self._send_raw(200, PNG_BYTES, "image/png")
-            return self._send_json(404, _error_body(404, f"no route GET {path}"))
+            return self._send_json(404, error_body(404, f"no route GET {path}"))
         routes = {
             "/v1/chat/completions": self._chat,
             "/chat/completions": self._chat,
@@ -315,13 +233,13 @@ class _Handler(BaseHTTPRequestHandler):
             "/_faults": self._faults,
         }
         if path not in routes:
-            return self._send_json(404, _error_body(404, f"no route POST {path}"))
+            return self._send_json(404, error_body(404, f"no route POST {path}"))
         try:
             body = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
-            return self._send_json(400, _error_body(400, "request body is not valid JSON"))
+            return self._send_json(400, error_body(400, "request body is not valid JSON"))
         if not isinstance(body, dict):
-            return self._send_json(400, _error_body(400, "request body must be a JSON object"))
+            return self._send_json(400, error_body(400, "request body must be a JSON object"))
         return routes[path](body)
 
     def _faults(self, body: dict):
@@ -355,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "This model's maximum context length is 8192 tokens. However, your "
                 "messages resulted in 12000 tokens. Please reduce the length of the messages."
             )
-            err = _error_body(400, message, code="context_length_exceeded")
+            err = error_body(400, message, code="context_length_exceeded")
             err["error"]["param"] = "messages"
             return self._send_json(400, err)
         if not fault.isdigit():
@@ -368,7 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
             code = "rate_limit_exceeded"
             message = message or "Rate limit reached (injected fault)."
         message = message or f"Injected fault: HTTP {status}."
-        self._send_json(status, _error_body(status, message, code=code), headers)
+        self._send_json(status, error_body(status, message, code=code), headers)
 
     def _chat(self, body: dict):
         """Answer a chat completion from the script, applying faults and latency."""
@@ -395,7 +313,7 @@ class _Handler(BaseHTTPRequestHandler):
         owner._sleep(float(spec["latency"]) if "latency" in spec else owner.draw_latency())
         if owner._stopping.is_set():
             return self._drop()
-        msg, finish = _build_message(spec, turn)
+        msg, finish = build_message(spec, turn)
         self._send_json(
             200,
             {
@@ -426,8 +344,8 @@ class ScriptedServer:
         slow_seconds: float = 30.0,
         host: str = "127.0.0.1",
     ):
-        self.script = {str(k): _spec_list(v, f"script[{k!r}]") for k, v in (script or {}).items()}
-        self.default_script = _spec_list(default_script, "default_script") if default_script else None
+        self.script = {str(k): spec_list(v, f"script[{k!r}]") for k, v in (script or {}).items()}
+        self.default_script = spec_list(default_script, "default_script") if default_script else None
         self.latency = float(latency)
         self.jitter = float(jitter)
         self.heavy_tail = bool(heavy_tail)

@@ -1,0 +1,100 @@
+"""Reply building for scripted_server: the prompt a request is keyed on, assistant messages from reply specs,
+OpenAI-style error bodies, and a tiny PNG for the image endpoint. Standard library only."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+MODEL_ID = "scripted-model"
+DEFAULT_USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+MALFORMED_BODY = b'{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{'
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_exceeded",
+}
+
+
+def _make_png() -> bytes:
+    """Return a valid 1x1 red RGB PNG."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    idat = zlib.compress(b"\x00\xff\x00\x00")
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+PNG_BYTES = _make_png()
+
+
+def _text_of(content) -> str:
+    """Flatten message content (str, None or list of parts) to text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+        return "\n".join(texts)
+    return str(content)
+
+
+def prompt_of(body: dict) -> str:
+    """Return the text of the first user message of a chat request."""
+    for msg in body.get("messages") or []:
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            return _text_of(msg.get("content"))
+    return ""
+
+
+def spec_list(value, what: str) -> list:
+    """Normalise a spec or list of specs, rejecting anything else early."""
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, dict) for s in value):
+        raise TypeError(f"{what} must be a reply spec dict or a list of them")
+    return value
+
+
+def error_body(status: int, message: str, type_: str | None = None, code=None) -> dict:
+    """Build an OpenAI-style error object."""
+    if type_ is None:
+        type_ = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+def build_message(spec: dict, turn: int) -> tuple[dict, str]:
+    """Return the assistant message and finish_reason for a reply spec."""
+    calls = []
+    for i, call in enumerate(spec.get("tool_calls") or []):
+        args = call.get("arguments", "{}")
+        if not isinstance(args, str):
+            args = json.dumps(args)
+        calls.append(
+            {
+                "id": call.get("id") or f"call_{turn}_{i}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": args},
+            }
+        )
+    content = spec.get("content", None if calls else "OK")
+    msg: dict = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = calls
+    for key in ("reasoning", "reasoning_content", "reasoning_details"):
+        if key in spec:
+            msg[key] = spec[key]
+    finish = spec.get("finish_reason") or ("tool_calls" if calls else "stop")
+    return msg, finish
