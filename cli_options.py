@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any
 from urllib.parse import urlparse
 
 from model_client import PROVIDER_SORTS, REASONING_EFFORTS
+from secrets_guard import getenv
 
 # Flags whose value is text: Fire would otherwise turn "a, b" into a tuple and "123" into an int.
 STRING_FLAGS = (
@@ -150,7 +150,7 @@ def run_name(value: Any) -> str:
 
 def api_key(flag_value: Any, base_url: str, needed: bool) -> str:
     """--api_key, else OPENROUTER_API_KEY, else OPENAI_API_KEY; required for the hosted endpoints."""
-    key = str(flag_value) if flag_value else os.environ.get("OPENROUTER_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    key = str(flag_value) if flag_value else getenv("OPENROUTER_API_KEY") or getenv("OPENAI_API_KEY")
     host = urlparse(base_url).hostname or ""
     if not key and needed and any(host == h or host.endswith("." + h) for h in KEY_HOSTS):
         raise FatalError(f"no API key for {host}: pass --api_key or set OPENROUTER_API_KEY (or OPENAI_API_KEY)")
@@ -190,9 +190,3 @@ def prefill_messages(path: Any) -> list[dict]:
                 f'prefill file {path}: item {i} must be {{"role": system|user|assistant, "content": string}}'
             )
     return [{"role": m["role"], "content": m["content"]} for m in data]
-
-
-def secrets_in_environment() -> tuple[str, ...]:
-    """Values of environment variables that look like credentials, to redact from everything written."""
-    words = ("KEY", "TOKEN", "SECRET", "PASSWORD")
-    return tuple(v for k, v in os.environ.items() if any(w in k.upper() for w in words) and len(v) >= 8)

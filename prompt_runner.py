@@ -34,6 +34,8 @@ class RunConfig:
     docker_pids: int = 256
     verbose: bool = False
     log_prefix_chars: int = 100
+    # Credential-like variables withdrawn from the runner's environment (tool keys), for the tools' getenv.
+    environment: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 import ray
 from ray.exceptions import RayActorError, RayError
 
+import secrets_guard
 from prompt_runner import PromptOutcome, PromptTask, RunConfig, run_prompt
 
 _POLL_SECONDS = 0.5
@@ -40,6 +41,7 @@ class PromptActor:
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
+        secrets_guard.hold(cfg.environment)
 
     def run(self, task: PromptTask) -> PromptOutcome:
         return run_prompt(task, self.cfg)

@@ -65,6 +65,8 @@ def run_from_flags(f: dict[str, Any]) -> int:
             f'no valid entries in {f["dataset_file"]}: each line needs a JSON object with a "prompt" string'
         )
 
+    # Before anything is started: no child process inherits a credential (secrets_guard).
+    environment = secrets_guard.withdraw_environment()
     with ExitStack() as stack:
         if local:
             import local_model
@@ -74,9 +76,8 @@ def run_from_flags(f: dict[str, Any]) -> int:
         else:
             base_url = opt.base_url(f["base_url"])
         key = opt.api_key(f["api_key"], base_url, needed=not local)
-        # Keys travel to workers inside the config, never through their environment.
-        for var in ("OPENROUTER_API_KEY", "OPENAI_API_KEY"):
-            os.environ.pop(var, None)
+        # Keys travel to workers inside the config, never through their environment; the model key once.
+        tool_environment = {k: v for k, v in environment.items() if k not in MODEL_KEY_VARS}
         # A sandboxed command running as our user could read the key from /proc/<runner>/cmdline or environ.
         secrets_guard.hide_from_proc([key])
         model_settings = ModelSettings(
@@ -120,8 +121,9 @@ def run_from_flags(f: dict[str, Any]) -> int:
             docker_pids=opt.positive_int("docker_pids", f["docker_pids"]),
             verbose=verbose,
             log_prefix_chars=opt.positive_int("log_prefix_chars", f["log_prefix_chars"], minimum=0),
+            environment=tool_environment,
         )
-        files = RunFiles(os.path.join(str(f["output_dir"]), name), secrets=(key, *opt.secrets_in_environment()))
+        files = RunFiles(os.path.join(str(f["output_dir"]), name), secrets=(key, *environment.values()))
         session = Session(cfg, files, entries, batch_size, dist, seed, resume)
         session.distribution = dist.name
         session.dataset_file = str(f["dataset_file"])
@@ -138,6 +140,9 @@ def _executor(cfg: RunConfig, num_workers: int, concurrency: int | None, ray_add
 
         return RayExecutor(cfg, str(ray_address), num_workers, threads)
     return LocalExecutor(cfg, num_workers, threads)
+
+
+MODEL_KEY_VARS = ("OPENROUTER_API_KEY", "OPENAI_API_KEY")
 
 
 class Session:

@@ -1,5 +1,10 @@
 """Keep the runner's secrets out of /proc/<pid>/cmdline and /proc/<pid>/environ, where sandboxed commands look.
 
+Credentials in the environment (any variable named like *KEY*, *TOKEN*, *SECRET*, *PASSWORD*) are withdrawn
+from os.environ when a run starts, so no process the runner starts (workers, multiprocessing's resource
+tracker, the local model server, Chromium) inherits them; the tools read them with getenv(), and workers get
+them inside their config. What stays visible is the runner's own initial environment block, masked below.
+
 A local sandbox runs commands as the runner's own user, so `ps aux` or `cat /proc/*/environ` would show an
 API key passed as `--api_key=...` or inherited in the environment. The kernel serves those two files straight
 from the process's memory (the argv and initial environment blocks), so overwriting the secret there hides it.
@@ -8,8 +13,35 @@ Python's own copies (sys.argv, os.environ) are unaffected.
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+_held: dict[str, str] = {}
+
+
+def looks_secret(name: str) -> bool:
+    return any(w in name.upper() for w in SECRET_WORDS)
+
+
+def withdraw_environment() -> dict[str, str]:
+    """Move every credential-like variable out of os.environ (and out of this process's /proc); returns them."""
+    withdrawn = {k: os.environ.pop(k) for k in list(os.environ) if looks_secret(k)}
+    hold(withdrawn)
+    return withdrawn
+
+
+def hold(variables: Mapping[str, str]) -> None:
+    """Keep withdrawn variables for getenv() (in a worker: the ones its config carries) and mask them in /proc."""
+    _held.update(variables)
+    hide_from_proc(v for v in variables.values() if len(v) >= 8)
+
+
+def getenv(name: str, default: str | None = None) -> str | None:
+    """os.environ's value, else a withdrawn one, else default."""
+    return os.environ.get(name) or _held.get(name) or default
+
 
 # /proc/<pid>/stat fields 48-51 (1-based, since Linux 3.5): arg_start, arg_end, env_start, env_end.
 _FIRST_FIELD = 48

@@ -18,6 +18,7 @@ import binascii
 import os
 import uuid
 
+from secrets_guard import getenv
 from tool_registry import Tool, ToolContext, ToolSettings, register
 from tools_vision import image_mime
 
@@ -41,7 +42,7 @@ def image_generate(args: dict, ctx: ToolContext) -> dict:
     if os.environ.get("IMAGE_RESPONSE_FORMAT"):
         request["response_format"] = os.environ["IMAGE_RESPONSE_FORMAT"]
     base_url = settings.image_base_url or settings.base_url
-    api_key = os.environ.get("IMAGE_API_KEY") or settings.api_key or "none"
+    api_key = getenv("IMAGE_API_KEY") or settings.api_key or "none"
     try:
         with openai.OpenAI(base_url=base_url, api_key=api_key, timeout=settings.request_timeout) as client:
             reply = client.images.generate(**request)

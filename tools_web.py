@@ -34,6 +34,7 @@ import httpx
 import lxml.html
 from lxml import etree
 
+from secrets_guard import getenv
 from tool_registry import Tool, ToolContext, cap_output, register
 from url_policy import resolve_url
 
@@ -108,11 +109,11 @@ def search_backend() -> tuple[SearchBackend | None, str | None]:
         backend = BACKENDS.get(chosen)
         if backend is None:
             return None, f"WEB_SEARCH_BACKEND={chosen!r} is not one of {', '.join(BACKENDS)}"
-        if not os.environ.get(backend.env):
+        if not getenv(backend.env):
             return None, f"WEB_SEARCH_BACKEND={chosen} but {backend.env} is not set"
         return backend, None
     for backend in BACKENDS.values():
-        if os.environ.get(backend.env):
+        if getenv(backend.env):
             return backend, None
     return None, "no web search backend configured: set " + ", ".join(b.env for b in BACKENDS.values())
 
@@ -126,7 +127,7 @@ def web_search(args: dict, ctx: ToolContext) -> dict:
     if backend is None:
         return {"results": [], "error": reason}
     try:
-        results = backend.search(os.environ[backend.env], query.strip(), n, _timeout(ctx))
+        results = backend.search(getenv(backend.env), query.strip(), n, _timeout(ctx))
     except WebError as e:
         return {"results": [], "error": f"{backend.name} search failed: {e}"}
     return {"results": results, "error": None}

@@ -16,6 +16,7 @@ import signal
 import threading
 from collections.abc import Iterable, Iterator
 
+import secrets_guard
 from prompt_runner import PromptOutcome, PromptTask, RunConfig, run_prompt
 
 _POLL_SECONDS = 0.5
@@ -23,6 +24,7 @@ _POLL_SECONDS = 0.5
 
 def _worker_main(cfg: RunConfig, tasks: mp.Queue, results: mp.Queue, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    secrets_guard.hold(cfg.environment)  # tool keys: in this process's memory, never in its environment
     # The imported modules are tens of thousands of objects that live as long as the process; a
     # full collection walks them all and pauses every thread of the worker (~0.17 s each while the workers
     # still imported openai, several times a run).
