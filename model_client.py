@@ -16,6 +16,8 @@ import httpx
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 PROVIDER_SORTS = ("price", "throughput", "latency")
 USER_AGENT = "batch-runner"
+# The statuses the openai SDK retries besides 5xx: request timeout, conflict (lock timeout), rate limit.
+RETRIED_STATUSES = (408, 409, 429)
 
 
 class ModelCallError(Exception):
@@ -84,7 +86,7 @@ class ModelClient:
         self._lock = threading.Lock()
 
     def chat(self, messages: list[dict], tools: list[dict]) -> Reply:
-        """One chat completion; retried on 429, 5xx, timeouts, dropped connections and malformed replies."""
+        """One chat completion; retried on 408, 409, 429, 5xx, timeouts, dropped connections and malformed replies."""
         s = self.settings
         body: dict[str, Any] = {"model": s.model, "messages": messages}
         if tools:
@@ -177,7 +179,7 @@ class _AttemptFailed(Exception):
 
 
 class _Status(_AttemptFailed):
-    """An HTTP error status. 429 and 5xx are retried; other statuses fail at once (never the request headers)."""
+    """An HTTP error status. 408, 409, 429 and 5xx are retried; others fail at once (never the request headers)."""
 
     def __init__(self, response: httpx.Response):
         self.response = response
@@ -195,7 +197,7 @@ class _Status(_AttemptFailed):
             message = str(error.get("message") or message)
         elif isinstance(error, str):
             message = error
-        self.retryable = self.status_code == 429 or self.status_code >= 500
+        self.retryable = self.status_code in RETRIED_STATUSES or self.status_code >= 500
         super().__init__(f"HTTP {self.status_code}: {message[:200]}")
 
 

@@ -254,8 +254,16 @@ def test_reasoning_from_each_source_leads_the_gpt_value(source):
 
 @pytest.mark.parametrize(
     "fault",
-    [{"fault": "500"}, {"fault": "drop"}, {"fault": "malformed"}, {"fault": "slow", "slow_seconds": 3}],
-    ids=["500", "drop", "malformed", "slow"],
+    [
+        {"fault": "500"},
+        {"fault": "503"},
+        {"fault": "408"},
+        {"fault": "409"},
+        {"fault": "drop"},
+        {"fault": "malformed"},
+        {"fault": "slow", "slow_seconds": 3},
+    ],
+    ids=["500", "503", "408", "409", "drop", "malformed", "slow"],
 )
 def test_transient_fault_is_retried_then_succeeds(fault):
     with ScriptedServer(script={P: [{**fault, "content": "after the fault"}]}) as srv:
@@ -266,6 +274,17 @@ def test_transient_fault_is_retried_then_succeeds(fault):
     assert record["completed"] is True and record["api_calls"] == 1
     assert record["conversations"][-1]["value"] == "after the fault"
     assert elapsed < 2.5  # the slow reply was abandoned at the request timeout, not waited for
+
+
+@pytest.mark.parametrize("status", ["401", "403", "404", "422"])
+def test_client_errors_fail_at_once_with_the_servers_message(status):
+    spec = {"fault": status, "fault_times": -1, "error_message": f"denied with {status}"}
+    with ScriptedServer(script={P: [spec]}) as srv:
+        with pytest.raises(ModelCallError) as err:
+            run_agent_once(srv, P, [], max_retries=3)
+        assert len(srv.requests()) == 1, "a client error is not retried"
+    assert str(err.value) == f"HTTP {status}: denied with {status}"
+    assert API_KEY not in str(err.value)
 
 
 def test_rate_limit_honours_retry_after():
