@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import ROOT, assert_clean_exit, run_cli, write_dataset
+from fake_site import FakeSite, json_reply
 
 import secrets_guard
 from scripted_server import ScriptedServer
@@ -127,56 +128,24 @@ def test_tool_credentials_in_environment_reach_no_process_and_still_work(tmp_pat
         {"tool_calls": [{"name": "web_search", "arguments": {"query": "where is the key"}}]},
         {"content": "all probed", "reasoning": "looked everywhere"},
     ]
-    with ScriptedServer(default_script=script) as srv, _FakeTavily() as tavily:
-        env = dict(secrets, TAVILY_BASE_URL=tavily.url, WEB_SEARCH_BACKEND="tavily")
-        proc, run_dir = _run(tmp_path, srv, ["--sandbox=local"], env=env, dist="terminal_web")
-        seen = tool_outputs(srv)
+    result = {"title": "a tavily result", "url": "https://example.com/", "content": "x"}
+    tavily = FakeSite({"/search": lambda seen: json_reply({"results": [result]})})
+    try:
+        with ScriptedServer(default_script=script) as srv:
+            env = dict(secrets, TAVILY_BASE_URL=tavily.url, WEB_SEARCH_BACKEND="tavily")
+            proc, run_dir = _run(tmp_path, srv, ["--sandbox=local"], env=env, dist="terminal_web")
+            seen = tool_outputs(srv)
+    finally:
+        tavily.close()
     assert "scan-done" in seen and "PATH=" in seen, "the probes did not run"
     for secret in secrets.values():
         assert_nowhere(secret, run_dir, proc, seen)
     # The runner's own initial environment still names the variables, masked.
     assert f"TAVILY_API_KEY={'*' * len(secrets['TAVILY_API_KEY'])}" in seen
     # The worker had the search key all the same: the search backend was called with it.
-    assert tavily.keys == [secrets["TAVILY_API_KEY"]] * 2, tavily.keys
+    keys = [request.headers.get("authorization") for request in tavily.seen]
+    assert keys == [f"Bearer {secrets['TAVILY_API_KEY']}"] * 2, keys
     assert "a tavily result" in seen
-
-
-class _FakeTavily:
-    """Tavily's /search endpoint on 127.0.0.1, recording the api_key of each request."""
-
-    def __init__(self):
-        import json
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        keys = self.keys = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                keys.append(body.get("api_key") or self.headers.get("Authorization", "").removeprefix("Bearer "))
-                out = json.dumps(
-                    {"results": [{"title": "a tavily result", "url": "https://example.com/", "content": "x"}]}
-                )
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out.encode())
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_key_echoed_by_a_command_is_redacted_from_files(tmp_path):
