@@ -1,11 +1,33 @@
-"""Toolset distributions (SPEC §3): each toolset flipped independently, per prompt, with a seeded RNG."""
+"""The toolsets, their tools, and the distributions that sample toolsets per prompt with a seeded RNG."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-TOOLSET_ORDER = ("web", "vision", "image_gen", "terminal", "file", "moa", "browser")
+TOOLSETS: dict[str, tuple[str, ...]] = {
+    "web": ("web_search", "web_extract"),
+    "vision": ("vision_analyze",),
+    "image_gen": ("image_generate",),
+    "terminal": ("terminal",),
+    "file": ("read_file", "write_file", "patch", "search_files"),
+    "moa": ("mixture_of_agents",),
+    "browser": (
+        "browser_navigate",
+        "browser_snapshot",
+        "browser_click",
+        "browser_type",
+        "browser_scroll",
+        "browser_back",
+        "browser_press",
+        "browser_close",
+        "browser_get_images",
+        "browser_vision",
+    ),
+}
+TOOLSET_ORDER = tuple(TOOLSETS)
+ALL_TOOL_NAMES: tuple[str, ...] = tuple(t for tools in TOOLSETS.values() for t in tools)
+TOOLSET_OF: dict[str, str] = {t: ts for ts, tools in TOOLSETS.items() for t in tools}
 
 
 @dataclass(frozen=True)
@@ -17,7 +39,7 @@ class Distribution:
     probabilities: dict[str, int]
 
     def ranked(self) -> list[tuple[str, int]]:
-        """Toolsets by probability, highest first (ties in §3 order)."""
+        """Toolsets by probability, highest first (ties in TOOLSET_ORDER)."""
         return sorted(self.probabilities.items(), key=lambda kv: (-kv[1], TOOLSET_ORDER.index(kv[0])))
 
 
@@ -53,7 +75,7 @@ DISTRIBUTIONS: dict[str, Distribution] = {
 
 
 class UnknownDistribution(ValueError):
-    pass
+    """No distribution has that name."""
 
 
 def get_distribution(name: str) -> Distribution:

@@ -1,13 +1,11 @@
-"""Messages → the §5 trajectory line (ShareGPT turns), tool statistics and reasoning statistics."""
+"""Messages → the trajectory line (ShareGPT turns, README "Output"), tool statistics and reasoning statistics."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any
 
-from reasoning import has_think_block, with_think_block
-from tool_registry import ALL_TOOL_NAMES
+from toolset_distributions import ALL_TOOL_NAMES
 
 
 def to_conversations(messages: list[dict]) -> list[dict]:
@@ -37,9 +35,38 @@ def to_conversations(messages: list[dict]) -> list[dict]:
     return turns
 
 
+def with_think_block(reasoning: str, content: str) -> str:
+    """The ShareGPT gpt value: reasoning first as a <think> block, then the content."""
+    if not reasoning:
+        return content
+    return f"<think>\n{reasoning}\n</think>\n{content}" if content else f"<think>\n{reasoning}\n</think>"
+
+
+def has_think_block(value: str) -> bool:
+    return value.startswith("<think>\n")
+
+
+def _zero_stats() -> dict[str, dict[str, int]]:
+    return {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOL_NAMES}
+
+
+def tool_stats_of(messages: list[dict]) -> dict[str, dict[str, int]]:
+    """Per tool: calls, successes, failures, from the agent loop's tool messages and the `ok` each carries."""
+    stats = _zero_stats()
+    for m in messages:
+        if m["role"] == "tool":
+            entry = stats.setdefault(m["name"], {"count": 0, "success": 0, "failure": 0})
+            entry["count"] += 1
+            entry["success" if m.get("ok", True) else "failure"] += 1
+    return stats
+
+
 def tool_stats(conversations: list[dict]) -> dict[str, dict[str, int]]:
-    """Per tool: calls, successes, failures — every §3 tool named, results matched to calls by tool_call_id."""
-    stats = {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOL_NAMES}
+    """Per tool: calls, successes, failures re-derived from saved turns (results matched to calls by id).
+
+    For trajectories read back from a file, where only the result text says how a call went.
+    """
+    stats = _zero_stats()
     for i, turn in enumerate(conversations):
         calls = turn.get("tool_calls") or []
         if not calls:
@@ -78,7 +105,7 @@ def reasoning_counts(conversations: list[dict]) -> tuple[int, int]:
 
 
 def unknown_tools(conversations: list[dict]) -> set[str]:
-    """Tool names called in these turns that are not tools of §3."""
+    """Tool names called in these turns that are not tools of any toolset."""
     known = set(ALL_TOOL_NAMES)
     return {c.get("name") for t in conversations for c in t.get("tool_calls") or []} - known
 
@@ -99,7 +126,7 @@ def build_record(
 ) -> dict:
     """One trajectory line; every line has the same keys and nested shape, so `datasets` loads any mix."""
     conversations = to_conversations(messages)
-    stats = tool_stats(conversations)
+    stats = tool_stats_of(messages)
     return {
         "prompt_index": prompt_index,
         "conversations": conversations,
@@ -121,15 +148,6 @@ def first_human(record: dict) -> str | None:
         if turn.get("from") == "human":
             return turn.get("value")
     return None
-
-
-def merge_stats(totals: dict[str, dict[str, int]], records: Iterable[dict]) -> None:
-    """Add the tool_stats of records into running totals."""
-    for r in records:
-        for name, s in (r.get("tool_stats") or {}).items():
-            t = totals.setdefault(name, {"count": 0, "success": 0, "failure": 0})
-            for k in ("count", "success", "failure"):
-                t[k] += int(s.get(k, 0))
 
 
 def _as_json_string(arguments: Any) -> str:

@@ -1,4 +1,4 @@
-"""Shared test helpers: run the real agent loop once against a scripted server, in a real local sandbox."""
+"""Shared test helpers: run one prompt through the real prompt runner against a scripted server."""
 
 from __future__ import annotations
 
@@ -6,21 +6,22 @@ import copy
 import threading
 from collections import Counter
 
-from agent_loop import AgentResult, run_agent
-from model_client import ModelClient, ModelSettings
-from sandbox import SandboxSpec
 from scripted_server import MODEL_ID, ScriptedServer
-from tool_registry import ToolContext, ToolSettings, Usage, offered_tools
-from trajectory import build_record
+
+from agentbatch.model.client import ModelSettings
+from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.sandboxes.base import SandboxSpec
+from agentbatch.tools.context import ToolContext
+from agentbatch.tools.settings import ToolSettings
 
 API_KEY = "sk-test-0000"
 
 
-def model_settings(server: ScriptedServer, **cfg) -> ModelSettings:
+def model_settings(server: ScriptedServer | None = None, **cfg) -> ModelSettings:
     """ModelSettings aimed at the server, with test-sized timeouts and retry delays (cfg overrides)."""
     values = {
         "model": MODEL_ID,
-        "base_url": server.base_url,
+        "base_url": server.base_url if server else "http://127.0.0.1:9/v1",
         "api_key": API_KEY,
         "request_timeout": 10.0,
         "max_retries": 3,
@@ -30,7 +31,19 @@ def model_settings(server: ScriptedServer, **cfg) -> ModelSettings:
     return ModelSettings(**values)
 
 
-def run_agent_full(
+def make_ctx(
+    settings: ToolSettings | None = None,
+    spec: SandboxSpec | None = None,
+    server: ScriptedServer | None = None,
+    **model,
+) -> ToolContext:
+    """A tool context as a prompt's tools get it (its model clients aimed at `server`, or at `base_url`)."""
+    cfg = RunConfig(run_name="test", model=model_settings(server, **model), tools=settings or ToolSettings())
+    clients = Clients.for_config(cfg)
+    return ToolContext(cfg.tools, spec or SandboxSpec(), clients.chat, image_client=clients.images)
+
+
+def run_prompt_outcome(
     server: ScriptedServer,
     prompt: str,
     toolsets: list[str],
@@ -41,43 +54,33 @@ def run_agent_full(
     tool_settings: ToolSettings | None = None,
     cwd: str | None = None,
     prompt_index: int = 0,
-    client: ModelClient | None = None,
-    **cfg,
-) -> tuple[dict, AgentResult]:
-    """Run one prompt through ModelClient + run_agent + build_record; returns (record, loop result).
+    clients: Clients | None = None,
+    require_reasoning: bool = False,
+    **model,
+) -> PromptOutcome:
+    """One prompt through the real prompt runner (sandbox, agent loop, trajectory) in a local sandbox.
 
-    Pass a client to reuse it across many prompts (a new one costs ~50 ms loading CA certificates).
+    Pass `clients` to reuse them across many prompts (a new client costs ~25 ms loading CA certificates).
     """
-    settings = client.settings if client else model_settings(server, **cfg)
-    tool_settings = tool_settings or ToolSettings(
-        base_url=server.base_url, api_key=settings.api_key, model=settings.model, command_timeout=10.0
+    cfg = RunConfig(
+        run_name="test",
+        model=clients.chat.settings if clients else model_settings(server, **model),
+        tools=tool_settings or ToolSettings(command_timeout=10.0),
+        max_turns=max_turns,
+        system_prompt=system_prompt,
+        prefill=prefill or [],
+        require_reasoning=require_reasoning,
+        verbose=True,
     )
-    usage = Usage()
-    ctx = ToolContext(tool_settings, SandboxSpec(kind="local", cwd=cwd), usage)
-    try:
-        tools = offered_tools(toolsets, tool_settings)
-        result = run_agent(prompt, client or ModelClient(settings), tools, ctx, max_turns, system_prompt, prefill)
-    finally:
-        ctx.close()
-    record = build_record(
-        prompt_index=prompt_index,
-        messages=result.messages,
-        batch_num=1,
-        timestamp="2026-01-01T00:00:00",
-        model=settings.model,
-        completed=result.completed,
-        partial=result.partial,
-        api_calls=result.api_calls,
-        toolsets=toolsets,
-        usage=vars(usage),
-        tool_schemas=result.tool_schemas,
-    )
-    return record, result
+    task = PromptTask(prompt_index, prompt, 1, list(toolsets), cwd=cwd)
+    return run_prompt(task, cfg, clients or Clients.for_config(cfg))
 
 
 def run_agent_once(server: ScriptedServer, prompt: str, toolsets: list[str], **cfg) -> dict:
-    """The trajectory record of one prompt run through the real loop (see run_agent_full)."""
-    return run_agent_full(server, prompt, toolsets, **cfg)[0]
+    """The trajectory record of one prompt run through the real prompt runner; fails if the prompt failed."""
+    outcome = run_prompt_outcome(server, prompt, toolsets, **cfg)
+    assert outcome.record is not None, f"the prompt failed: {outcome.error}"
+    return outcome.record
 
 
 def tool_turns(record: dict) -> list[dict]:

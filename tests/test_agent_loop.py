@@ -6,12 +6,8 @@ import json
 import time
 
 import pytest
-from helpers import API_KEY, SequencedServer, gpt_turns, model_settings, run_agent_full, run_agent_once, tool_turns
-
-from model_client import ModelCallError
-from prompt_runner import PromptTask, RunConfig, run_prompt
+from helpers import API_KEY, SequencedServer, gpt_turns, make_ctx, run_agent_once, run_prompt_outcome, tool_turns
 from scripted_server import ScriptedServer
-from tool_registry import ToolSettings
 
 P = "the prompt"
 
@@ -89,7 +85,7 @@ def test_reply_without_tool_calls_completes():
 
 
 def test_three_unknown_tool_replies_in_a_row_end_partial(tmp_path):
-    # A known call beside an unknown one does not run either; a §3 tool that was not offered is unknown too.
+    # A known call beside an unknown one does not run either; a toolset's tool that was not offered is unknown too.
     first = {"tool_calls": [call("write_file", path="ran.txt", content="x"), call("no_such_tool")]}
     first["then"] = [{"tool_calls": [call("browser_click", ref="e1")]}, {"tool_calls": [call("made_up")]}]
     with SequencedServer(script={P: [first, {"content": "never reached"}]}) as srv:
@@ -280,11 +276,10 @@ def test_transient_fault_is_retried_then_succeeds(fault):
 def test_client_errors_fail_at_once_with_the_servers_message(status):
     spec = {"fault": status, "fault_times": -1, "error_message": f"denied with {status}"}
     with ScriptedServer(script={P: [spec]}) as srv:
-        with pytest.raises(ModelCallError) as err:
-            run_agent_once(srv, P, [], max_retries=3)
+        outcome = run_prompt_outcome(srv, P, [], max_retries=3)
         assert len(srv.requests()) == 1, "a client error is not retried"
-    assert str(err.value) == f"HTTP {status}: denied with {status}"
-    assert API_KEY not in str(err.value)
+    assert outcome.status == "failed" and outcome.error == f"HTTP {status}: denied with {status}"
+    assert API_KEY not in outcome.error
 
 
 def test_rate_limit_honours_retry_after():
@@ -313,11 +308,8 @@ def test_rate_limit_honours_retry_after_given_as_an_http_date():
 
 def test_persistent_error_raises_after_max_retries_and_fails_the_prompt():
     with ScriptedServer(script={P: [{"fault": "500", "fault_times": -1}]}) as srv:
-        with pytest.raises(ModelCallError, match="500"):
-            run_agent_once(srv, P, [], max_retries=2)
+        outcome = run_prompt_outcome(srv, P, ["terminal"], max_retries=2, prompt_index=7)
         assert len(srv.requests()) == 3
-        cfg = RunConfig(run_name="t", model=model_settings(srv, max_retries=1), tools=ToolSettings())
-        outcome = run_prompt(PromptTask(index=7, prompt=P, batch_num=1, toolsets=["terminal"]), cfg)
     assert outcome.status == "failed" and outcome.record is None
     assert "500" in outcome.error and API_KEY not in outcome.error
 
@@ -331,21 +323,21 @@ def test_tool_stats_follow_call_ids_through_the_loop():
         {"content": "done"},
     ]
     with ScriptedServer(script={P: script}) as srv:
-        record, result = run_agent_full(srv, P, ["terminal", "file"])
+        record = run_agent_once(srv, P, ["terminal", "file"])
     assert [t["tool_call_id"] for t in tool_turns(record)] == ["c1", "c2", "same", "same"]
     assert record["tool_stats"]["read_file"] == {"count": 2, "success": 0, "failure": 2}
     assert record["tool_stats"]["terminal"] == {"count": 2, "success": 2, "failure": 0}
     assert record["tool_error_counts"]["read_file"] == 2 and record["tool_error_counts"]["terminal"] == 0
-    assert result.stop_reason == "answered"
+    assert record["completed"] and not record["partial"]
 
 
 def test_calls_without_ids_or_with_object_arguments_are_normalised(tmp_path):
     # The scripted server always sends ids and string arguments; some real servers do neither, so a
     # stand-in client returns such a reply (the only case here that cannot go through the server).
-    from agent_loop import run_agent
-    from model_client import Reply
-    from sandbox import SandboxSpec
-    from tool_registry import ToolContext, ToolSettings, load_tools
+    from agentbatch.agent_loop import run_agent
+    from agentbatch.model.client import Reply
+    from agentbatch.sandboxes.base import SandboxSpec
+    from agentbatch.tools.registry import load_tools
 
     replies = [
         {
@@ -365,10 +357,10 @@ def test_calls_without_ids_or_with_object_arguments_are_normalised(tmp_path):
     ]
 
     class StandIn:
-        def chat(self, messages, tools):
+        def chat(self, messages, tools=None, model=None):
             return Reply(replies[sum(m["role"] == "assistant" for m in messages)])
 
-    ctx = ToolContext(ToolSettings(), SandboxSpec(cwd=str(tmp_path)))
+    ctx = make_ctx(spec=SandboxSpec(cwd=str(tmp_path)))
     try:
         result = run_agent("p", StandIn(), [load_tools()["terminal"]], ctx, max_turns=3)
     finally:

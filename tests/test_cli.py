@@ -19,18 +19,18 @@ from cli_helpers import (
     thinking,
     write_dataset,
 )
-
 from scripted_server import ScriptedServer
+
 from toolset_distributions import DISTRIBUTIONS
 
-# SPEC §1, verbatim.
+# The README's command lines, verbatim.
 DOCUMENTED = [
     """python batch_runner.py --dataset_file=data/prompts.jsonl --batch_size=10 --run_name=my_first_run \\
         --model=anthropic/claude-sonnet-4.6 --num_workers=4""",
     "python batch_runner.py --dataset_file=data/prompts.jsonl --batch_size=10 --run_name=my_first_run --resume",
     "python batch_runner.py --list_distributions",
 ]
-SPEC_FLAGS = (
+DOCUMENTED_FLAGS = (
     "dataset_file batch_size run_name distribution model base_url api_key max_turns num_workers resume verbose "
     "max_samples providers_allowed providers_ignored providers_order provider_sort reasoning_effort "
     "reasoning_disabled ephemeral_system_prompt log_prefix_chars prefill_messages_file list_distributions "
@@ -111,7 +111,7 @@ def test_list_distributions_prints_every_distribution_highest_first(tmp_path):
 def test_help_names_every_flag(tmp_path):
     proc = run_cli(["--help"], tmp_path)
     assert_clean_exit(proc)
-    for flag in SPEC_FLAGS:
+    for flag in DOCUMENTED_FLAGS:
         assert f"--{flag}" in proc.stdout, f"--help does not mention --{flag}"
     assert not list(tmp_path.iterdir()), "--help must not start a run"
 
@@ -125,7 +125,7 @@ def test_console_script_takes_the_same_flags(tmp_path):
     check_listing(listed.stdout)
     helped = subprocess.run([exe, "--help"], env=cli_env(), capture_output=True, text=True, timeout=60)
     assert_clean_exit(helped)
-    assert all(f"--{flag}" in helped.stdout for flag in SPEC_FLAGS)
+    assert all(f"--{flag}" in helped.stdout for flag in DOCUMENTED_FLAGS)
     bad = subprocess.run(
         [exe, "--dataset_file=none.jsonl", "--batch_size=0", "--run_name=r"],
         cwd=tmp_path,
@@ -206,7 +206,7 @@ def test_flags_reach_the_server_exactly_and_dataset_warnings_name_lines(tmp_path
         json.dumps({"prompt": "third — ünïcode"}),
         json.dumps({"prompt": "fourth, beyond max_samples"}),
     ]
-    # BOM and CRLF line ends (SPEC §2) must not move line numbers or break the first line.
+    # BOM and CRLF line ends must not move line numbers or break the first line.
     (tmp_path / "ds.jsonl").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode("utf-8") + b"\r\n")
     prefill = [{"role": "user", "content": "PREFILL-Q"}, {"role": "assistant", "content": "PREFILL-A"}]
     (tmp_path / "prefill.json").write_text(json.dumps(prefill), encoding="utf-8")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, prompt_of_record, run_cli, start_cli, write_dataset
-
 from scripted_server import ScriptedServer
 
 SEED = 20260115

@@ -1,4 +1,4 @@
-"""Toolset distributions (SPEC §3): the table, sampling frequencies, the at-least-one fallback, seeded runs."""
+"""Toolset distributions: the table, sampling frequencies, the at-least-one fallback, seeded runs."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, prompt_of_record, run_cli, thinking, write_dataset
-
 from scripted_server import ScriptedServer
-from tool_registry import TOOLSETS
+
+from agentbatch.tools.registry import TOOLSETS
 from toolset_distributions import (
     DISTRIBUTIONS,
     TOOLSET_ORDER,
@@ -19,9 +19,9 @@ from toolset_distributions import (
     sample_toolsets,
 )
 
-# SPEC §3, copied cell by cell (None for "–"): web, vision, image_gen, terminal, file, moa, browser.
+# The README's distribution table, copied cell by cell (None for "–"): web, vision, image_gen, terminal, file, moa, browser.
 _ = None
-SPEC_TABLE = {
+TABLE = {
     "default": (100, 100, 100, 100, 100, 100, 100),
     "image_gen": (55, 90, 90, 45, _, 10, _),
     "research": (90, 50, _, 10, _, 40, 70),
@@ -64,12 +64,12 @@ DRAWS = 10_000
 
 
 def spec_probabilities(name: str) -> dict[str, int]:
-    return {ts: p for ts, p in zip(TOOLSET_ORDER, SPEC_TABLE[name], strict=True) if p is not None}
+    return {ts: p for ts, p in zip(TOOLSET_ORDER, TABLE[name], strict=True) if p is not None}
 
 
 def test_the_seventeen_distributions_match_the_spec_table():
     assert TOOLSET_ORDER == ("web", "vision", "image_gen", "terminal", "file", "moa", "browser")
-    assert list(DISTRIBUTIONS) == list(SPEC_TABLE)
+    assert list(DISTRIBUTIONS) == list(TABLE)
     for name, dist in DISTRIBUTIONS.items():
         assert dist.name == name
         assert dist.probabilities == spec_probabilities(name), name
@@ -77,7 +77,7 @@ def test_the_seventeen_distributions_match_the_spec_table():
     assert len({d.description for d in DISTRIBUTIONS.values()}) == 17
 
 
-@pytest.mark.parametrize("name", list(SPEC_TABLE))
+@pytest.mark.parametrize("name", list(TABLE))
 def test_frequencies_over_10000_seeded_draws_are_within_two_points(name):
     dist = get_distribution(name)
     probs = spec_probabilities(name)
@@ -107,7 +107,7 @@ class _NothingComesUp(random.Random):
         return 0.999999
 
 
-@pytest.mark.parametrize("name", list(SPEC_TABLE))
+@pytest.mark.parametrize("name", list(TABLE))
 def test_when_no_flip_comes_up_the_most_probable_toolset_is_used(name):
     dist = get_distribution(name)
     if all(p == 100 for p in dist.probabilities.values()):

@@ -1,4 +1,4 @@
-"""Docker sandboxes end to end (SPEC §7, issue 4): the real CLI, the scripted server and the real engine."""
+"""Docker sandboxes end to end: the real CLI, the scripted server and the real engine."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import docker
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, cli_command, cli_env, first_turn_prompts, run_cli, write_dataset
 from conftest_docker import RUN_LABEL, leftover_containers
-
 from scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.docker

@@ -1,4 +1,4 @@
-"""The Docker backend (SPEC §7) against the real engine, driven through the registry's tools."""
+"""The Docker backend against the real engine, driven through the registry's tools."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ import conftest_docker
 import docker
 import pytest
 from conftest_docker import leftover_containers
+from helpers import make_ctx
 
-import sandbox_docker
-from sandbox import SandboxError, SandboxSpec, prepare_sandbox
-from tool_registry import ToolContext, ToolSettings, call_tool, load_tools
+from agentbatch import sandboxes
+from agentbatch.sandboxes import docker as sandbox_docker
+from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
+from agentbatch.tools.context import ToolContext
+from agentbatch.tools.registry import call_tool, load_tools
+from agentbatch.tools.settings import ToolSettings
 
 pytestmark = pytest.mark.docker
+DOCKER = SandboxSettings(kind="docker")
 MISSING_IMAGE = "br-test-missing/never-built:1"
 # Registered here as well so this file runs on its own; tests/conftest.py re-exports them for other files.
 docker_images = conftest_docker.docker_images
@@ -33,9 +38,10 @@ def contexts(docker_run_name):
     """Make ToolContexts for docker sandboxes of this test's run, closing each when the test ends."""
     made: list[ToolContext] = []
 
-    def make(image: str | None, cwd: str | None = None, timeout: float = 30.0, **spec_fields) -> ToolContext:
-        spec = SandboxSpec(kind="docker", image=image, cwd=cwd, run_name=docker_run_name, **spec_fields)
-        ctx = ToolContext(ToolSettings(command_timeout=timeout), spec)
+    def make(image: str | None, cwd: str | None = None, timeout: float = 30.0, labels=None, **limits) -> ToolContext:
+        settings = SandboxSettings(kind="docker", **limits)
+        spec = SandboxSpec(settings, image=image, cwd=cwd, run_name=docker_run_name, labels=labels or {})
+        ctx = make_ctx(ToolSettings(command_timeout=timeout), spec)
         made.append(ctx)
         return ctx
 
@@ -143,10 +149,10 @@ def test_a_non_root_image_user_owns_its_workdir_and_written_files(contexts, dock
 
 
 def test_unavailable_image_fails_at_once_with_a_clear_message(contexts, docker_run_name):
-    spec = SandboxSpec(kind="docker", image=MISSING_IMAGE, run_name=docker_run_name)
+    spec = SandboxSpec(DOCKER, image=MISSING_IMAGE, run_name=docker_run_name)
     start = time.monotonic()
     with pytest.raises(SandboxError) as raised:
-        prepare_sandbox(spec)
+        sandboxes.prepare(spec)
     assert time.monotonic() - start < 15
     message = str(raised.value)
     assert MISSING_IMAGE in message and "\n" not in message
@@ -157,9 +163,9 @@ def test_unavailable_image_fails_at_once_with_a_clear_message(contexts, docker_r
     assert leftover_containers(docker_run_name) == []
 
     with pytest.raises(SandboxError, match="absolute"):
-        prepare_sandbox(SandboxSpec(kind="docker", image=docker_run_name, cwd="relative/dir"))
+        sandboxes.prepare(SandboxSpec(DOCKER, image=docker_run_name, cwd="relative/dir"))
     with pytest.raises(SandboxError, match="no Docker image"):
-        prepare_sandbox(SandboxSpec(kind="docker", image=None))
+        sandboxes.prepare(SandboxSpec(DOCKER, image=None))
 
 
 def test_a_command_past_its_timeout_is_killed_with_what_it_started(contexts, docker_images):
@@ -253,25 +259,25 @@ def test_many_sandboxes_in_parallel_threads_do_not_interfere(contexts, docker_im
 
 def test_reap_containers_removes_only_that_runs_containers(docker_images, docker_run_name):
     other_run = docker_run_name + "-other"
-    left = [sandbox_docker.DockerSandbox(SandboxSpec(kind="docker", image=docker_images[0], run_name=docker_run_name))]
-    left += [sandbox_docker.DockerSandbox(SandboxSpec(kind="docker", image=docker_images[1], run_name=docker_run_name))]
-    survivor = sandbox_docker.DockerSandbox(SandboxSpec(kind="docker", image=docker_images[0], run_name=other_run))
+    left = [sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))]
+    left += [sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[1], run_name=docker_run_name))]
+    survivor = sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=other_run))
     try:
         assert len(leftover_containers(docker_run_name)) == 2
-        assert sandbox_docker.reap_containers(docker_run_name) == 2
+        assert sandbox_docker.reap(docker_run_name) == 2
         assert leftover_containers(docker_run_name) == []
         assert leftover_containers(other_run) != []
         assert survivor.exec("echo alive", 10).output == "alive\n"
         for sandbox in left:  # cleanup of a container someone else removed is quiet
             sandbox.cleanup()
-        assert sandbox_docker.reap_containers(docker_run_name) == 0
+        assert sandbox_docker.reap(docker_run_name) == 0
     finally:
         survivor.cleanup()
     assert leftover_containers(other_run) == []
 
 
 def test_cleanup_is_idempotent_and_a_cleaned_sandbox_refuses_work(docker_images, docker_run_name):
-    sandbox = sandbox_docker.DockerSandbox(SandboxSpec(kind="docker", image=docker_images[0], run_name=docker_run_name))
+    sandbox = sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))
     assert sandbox.exec("exit 7", 10).exit_code == 7
     sandbox.cleanup()
     sandbox.cleanup()
@@ -280,7 +286,7 @@ def test_cleanup_is_idempotent_and_a_cleaned_sandbox_refuses_work(docker_images,
 
 
 def test_huge_output_keeps_head_and_tail(docker_images, docker_run_name):
-    sandbox = sandbox_docker.DockerSandbox(SandboxSpec(kind="docker", image=docker_images[0], run_name=docker_run_name))
+    sandbox = sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))
     try:
         cap = sandbox_docker.MAX_KEPT_OUTPUT
         result = sandbox.exec(f"echo FIRST; yes filler | head -c {5 * cap}; echo; echo LAST", 60)

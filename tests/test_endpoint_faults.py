@@ -6,7 +6,6 @@ from collections import Counter
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, prompt_of_record, run_cli, write_dataset
-
 from scripted_server import ScriptedServer
 
 # What failed.jsonl says for each fault once the retries are used up (model_client._describe).

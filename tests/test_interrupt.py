@@ -19,7 +19,6 @@ from cli_helpers import (
     start_cli,
     write_dataset,
 )
-
 from scripted_server import ScriptedServer
 
 PROMPTS = [f"interruptible prompt {i}" for i in range(40)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import local_model
+from agentbatch.model import local_server as local_model
 
 REPO = Path(__file__).resolve().parent.parent
 README_COMMAND = (
@@ -43,18 +43,19 @@ def _copy_repo(dest: Path) -> Path:
 
 
 def _servers_of(repo: Path) -> list[int]:
-    """Pids of local model servers started from this copy of the repo (matched by their script path)."""
-    script = str(repo / "local_model.py")
+    """Pids of local model servers started from this copy of the repo (its path is on their PYTHONPATH)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and script.encode() in argv:
+        on_path = any(v.startswith(b"PYTHONPATH=") and str(repo).encode() in v for v in environ)
+        if state != "Z" and b"agentbatch.model.local_server" in argv and on_path:
             pids.append(int(entry.name))
     return pids
 

@@ -7,11 +7,14 @@ import os
 import time
 
 import pytest
-from helpers import run_agent_full, run_agent_once, tool_turns
-
-from sandbox import LocalSandbox, SandboxSpec
+from helpers import make_ctx, run_agent_once, tool_turns
 from scripted_server import ScriptedServer
-from tool_registry import ToolContext, ToolSettings, call_tool, load_tools
+
+from agentbatch.sandboxes.base import SandboxSpec
+from agentbatch.sandboxes.local import LocalSandbox
+from agentbatch.tools.context import ToolContext
+from agentbatch.tools.registry import call_tool, load_tools
+from agentbatch.tools.settings import ToolSettings
 
 P = "the prompt"
 
@@ -91,8 +94,7 @@ def test_api_key_never_reaches_tool_output_or_record(monkeypatch):
     commands = ["env", "cat /proc/self/environ | tr '\\0' '\\n'", "set", "echo $OPENROUTER_API_KEY$OPENAI_API_KEY"]
     script = [{"tool_calls": [terminal_call(c) for c in commands]}, {"content": "looked around"}]
     with ScriptedServer(script={P: script}) as srv:
-        settings = ToolSettings(base_url=srv.base_url, api_key=marker)
-        record = run_agent_once(srv, P, ["terminal", "file"], tool_settings=settings, api_key=marker)
+        record = run_agent_once(srv, P, ["terminal", "file"], api_key=marker)
     outputs = [json.loads(t["value"])["output"] for t in tool_turns(record)]
     assert len(outputs) == 4
     assert "PATH=" in outputs[0] and "PATH=" in outputs[1]  # the commands really printed an environment
@@ -104,7 +106,7 @@ def test_api_key_never_reaches_tool_output_or_record(monkeypatch):
 def ctx(tmp_path):
     """A tool context whose sandbox works in tmp_path."""
     load_tools()
-    c = ToolContext(ToolSettings(command_timeout=10.0), SandboxSpec(kind="local", cwd=str(tmp_path)))
+    c = make_ctx(ToolSettings(command_timeout=10.0), SandboxSpec(cwd=str(tmp_path)))
     yield c
     c.close()
 
@@ -137,8 +139,10 @@ def test_file_tool_mistakes_are_failures_the_model_can_read(ctx, tmp_path):
     assert not ok and "not found" in result["error"]
     result, ok = run(ctx, "read_file", path="nope.txt")
     assert not ok and "FileNotFoundError" in result["error"]
-    result, ok = run(ctx, "write_file", path="")
-    assert not ok and "path" in result["error"]
+    result, ok = run(ctx, "write_file", path="", content="x")
+    assert not ok and "path must be a non-empty string" in result["error"]
+    result, ok = run(ctx, "write_file", path="a.txt")
+    assert not ok and result["error"] == "invalid arguments: content is required"
     assert (tmp_path / "twice.txt").read_text() == "x x\n"
 
 
@@ -166,7 +170,7 @@ def test_fresh_local_sandboxes_are_separate_and_removed():
 def test_context_close_after_loop_removes_the_sandbox():
     script = [{"tool_calls": [terminal_call("pwd")]}, {"content": "done"}]
     with ScriptedServer(script={P: script}) as srv:
-        record, _ = run_agent_full(srv, P, ["terminal"])
+        record = run_agent_once(srv, P, ["terminal"])
     workdir = json.loads(tool_turns(record)[0]["value"])["output"].strip()
     assert workdir.startswith("/") and not os.path.exists(workdir)
 
@@ -183,6 +187,9 @@ def test_file_tools_never_write_outside_the_sandbox(ctx, tmp_path):
 
 
 def test_a_silly_timeout_from_the_model_falls_back_to_the_limit(ctx):
-    for silly in (-1, 0, "soon"):
+    for silly in (-1, 0, "0.5"):
         result, ok = run(ctx, "terminal", command="echo ran", timeout=silly)
         assert ok and result["output"] == "ran\n"
+    # Not a number at all: the declaration's check says so, and nothing runs.
+    result, ok = run(ctx, "terminal", command="echo ran", timeout="soon")
+    assert not ok and result["error"] == 'invalid arguments: timeout must be a number, got "soon"'

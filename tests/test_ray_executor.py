@@ -18,10 +18,11 @@ ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model_client import ModelSettings  # noqa: E402
-from prompt_runner import PromptTask, RunConfig  # noqa: E402
 from scripted_server import ScriptedServer  # noqa: E402
-from tool_registry import ToolSettings  # noqa: E402
+
+from agentbatch.model.client import ModelSettings  # noqa: E402
+from agentbatch.prompt_runner import PromptTask, RunConfig  # noqa: E402
+from agentbatch.tools.settings import ToolSettings  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,7 @@ def test_cli_on_local_ray_matches_local_executor(tmp_path):
 @pytest.fixture(scope="module")
 def local_ray():
     """A Ray instance shared by the in-process tests; the executor joins it and leaves it running."""
-    import ray_executor
+    from agentbatch.executors import ray_actors as ray_executor
 
     ray.init(
         num_cpus=2,
@@ -103,7 +104,7 @@ def config(base_url: str) -> RunConfig:
     return RunConfig(
         run_name="ray-test",
         model=ModelSettings(model="m", base_url=base_url, api_key="sk-test", max_retries=0),
-        tools=ToolSettings(base_url=base_url, api_key="sk-test", model="m"),
+        tools=ToolSettings(),
         require_reasoning=False,
     )
 
@@ -115,7 +116,7 @@ def tasks(n: int, pulled: list[int]):
 
 
 def test_stop_event_stops_dispatch(local_ray):
-    from ray_executor import RayExecutor
+    from agentbatch.executors.ray_actors import RayExecutor
 
     stop = threading.Event()
     pulled: list[int] = []
@@ -133,7 +134,7 @@ def test_stop_event_stops_dispatch(local_ray):
 
 
 def test_dead_actor_prompts_fail_and_a_new_actor_takes_over(local_ray):
-    from ray_executor import RayExecutor
+    from agentbatch.executors.ray_actors import RayExecutor
 
     pulled: list[int] = []
     with ScriptedServer(default_script=SCRIPT, latency=1.5) as srv:

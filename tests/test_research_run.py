@@ -18,9 +18,10 @@ from urllib.parse import urlsplit
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, prompt_of_record, run_cli, write_dataset
-
-import browser_session
 from scripted_server import PNG_BYTES, ScriptedServer
+
+from agentbatch.tools import browser_session
+from agentbatch.tools.settings import ToolSettings
 from toolset_distributions import get_distribution, prompt_rng, sample_toolsets
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -136,7 +137,7 @@ def site():
 
 
 def chromium_ok() -> None:
-    reason = browser_session.unavailable_reason()
+    reason = browser_session.unavailable_reason(ToolSettings().browser_executable)
     if reason is None:
         return
     if os.environ.get("BATCH_RUNNER_REQUIRE_BROWSER"):  # CI installs Chromium: never skip there

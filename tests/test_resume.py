@@ -1,4 +1,4 @@
-"""Failures, discards, unknown-tool entries, duplicates, reordering and kill -9, each followed by --resume (SPEC §6)."""
+"""Failures, discards, unknown-tool entries, duplicates, reordering and kill -9, each followed by --resume."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from cli_helpers import (
     thinking,
     write_dataset,
 )
-
 from scripted_server import ScriptedServer
 
 ALWAYS_500 = {"fault": "500", "fault_times": -1}
@@ -33,7 +32,7 @@ def outcome_counts(run: RunDir) -> Counter:
 
 
 def unknown_tool_record(prompt: str, batch_num: int) -> dict:
-    """A batch line as an older version might have written it, calling a tool outside §3."""
+    """A batch line as an older version might have written it, calling a tool of no toolset."""
     return {
         "prompt_index": 0,
         "conversations": [
@@ -99,7 +98,7 @@ def test_failures_discards_and_unknown_tools_then_resume_reruns_exactly_the_fail
         for r in run.batch_records():
             assert r["metadata"]["batch_num"] == r["prompt_index"] // 2
 
-        # A line calling a tool outside §3, written by hand for a prompt that failed: the merge must drop it,
+        # A line calling a tool of no toolset, written by hand for a prompt that failed: the merge must drop it,
         # and resume must still run that prompt, or it would end up nowhere.
         with open(run.path / "batch_5.jsonl", "w", encoding="utf-8") as f:
             f.write(json.dumps(unknown_tool_record("gamma fails", 5)) + "\n")

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import openai
 import pytest
-
 from scripted_server import PNG_BYTES, ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -318,7 +317,7 @@ def test_subprocess_mode_prints_ready_and_serves(tmp_path):
     default.write_text(json.dumps([{"content": "default {prompt}"}]))
     cmd = [
         sys.executable,
-        str(ROOT / "scripted_server.py"),
+        str(ROOT / "tests" / "scripted_server.py"),
         "--port",
         "0",
         "--script",

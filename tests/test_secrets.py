@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from cli_helpers import ROOT, assert_clean_exit, run_cli, write_dataset
 from fake_site import FakeSite, json_reply
-
-import secrets_guard
 from scripted_server import ScriptedServer
+
+from agentbatch import secrets_guard
 
 # "BRSECRE[T]" matches the marker but not itself, so a grep in /proc does not find its own command line.
 PATTERN = "BRSECRE[T]"
@@ -60,8 +60,8 @@ def assert_nowhere(secret: str, run_dir: Path, proc, seen_by_model: str) -> None
 
 def sandbox_kinds():
     docker = pytest.param("docker", marks=pytest.mark.docker)
-    if importlib.util.find_spec("sandbox_docker") is None:
-        docker = pytest.param("docker", marks=pytest.mark.skip(reason="sandbox_docker.py is not in this tree"))
+    if importlib.util.find_spec("docker") is None:
+        docker = pytest.param("docker", marks=pytest.mark.skip(reason="the docker SDK is not installed"))
     return ["local", docker]
 
 
@@ -166,7 +166,7 @@ def test_key_echoed_by_a_command_is_redacted_from_files(tmp_path):
 CHILD = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-import secrets_guard
+from agentbatch import secrets_guard
 secret = os.environ["SECRET_FOR_TEST"]
 before = open("/proc/self/cmdline", "rb").read()
 n = secrets_guard.hide_from_proc([secret])

@@ -1,4 +1,4 @@
-"""statistics.json and the printed summary agree with what the output files hold (SPEC §5), recounted here."""
+"""statistics.json and the printed summary agree with what the output files hold, recounted here."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, prompt_of_record, run_cli, write_dataset
-
 from scripted_server import ScriptedServer
-from tool_registry import ALL_TOOL_NAMES
+
+from agentbatch.tools.registry import ALL_TOOL_NAMES
 
 
 def usage(prompt: int, completion: int) -> dict:

@@ -15,16 +15,21 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-
-import browser_session
-import tools_browser
-from sandbox import SandboxSpec
+from helpers import make_ctx as context
 from scripted_server import PNG_BYTES, ScriptedServer
-from tool_registry import ToolContext, ToolSettings, call_tool, load_tools
+
+from agentbatch.tools import browser as tools_browser
+from agentbatch.tools import browser_session
+from agentbatch.tools.context import ToolContext
+from agentbatch.tools.registry import call_tool, load_tools
+from agentbatch.tools.settings import ToolSettings, from_environment
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(browser_session.unavailable_reason() is not None, reason="Chromium or Playwright missing"),
+    pytest.mark.skipif(
+        browser_session.unavailable_reason(ToolSettings().browser_executable) is not None,
+        reason="Chromium or Playwright missing",
+    ),
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "browser"
@@ -96,10 +101,10 @@ def site():
     server.server_close()
 
 
-def make_ctx(**settings) -> ToolContext:
+def make_ctx(base_url="http://127.0.0.1:9/v1", model="main-model", api_key="test-key", **settings) -> ToolContext:
     settings.setdefault("allow_private_urls", True)
     settings.setdefault("command_timeout", 10)
-    return ToolContext(ToolSettings(**settings), SandboxSpec())
+    return context(from_environment(os.environ, **settings), base_url=base_url, model=model, api_key=api_key)
 
 
 @pytest.fixture
@@ -387,11 +392,9 @@ def test_prompts_on_different_threads_each_get_their_own_browser(site):
         ctx.close()
 
 
-def test_unavailable_without_chromium_or_a_vision_key(monkeypatch):
+def test_unavailable_without_chromium():
     tools = load_tools()
-    settings = ToolSettings(api_key="k", model="m")
-    assert all(tools[name].unavailable(settings) is None for name in tools if name.startswith("browser_"))
-    assert "API key" in tools["browser_vision"].unavailable(ToolSettings(model="m"))
-    monkeypatch.setenv("BROWSER_EXECUTABLE", "/nonexistent/chromium")
+    assert all(tools[name].unavailable(ToolSettings()) is None for name in tools if name.startswith("browser_"))
+    settings = from_environment({"BROWSER_EXECUTABLE": "/nonexistent/chromium"})
     for name in ("browser_navigate", "browser_vision"):
         assert "/nonexistent/chromium" in tools[name].unavailable(settings)

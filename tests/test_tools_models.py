@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 
 import httpx
 import pytest
-
-import tools_image
-import tools_moa
-import tools_vision
-import url_policy
-from sandbox import SandboxSpec
+from helpers import make_ctx
 from scripted_server import PNG_BYTES, ScriptedServer
-from tool_registry import ToolContext, ToolSettings, call_tool
+
+from agentbatch.tools import url_policy
+from agentbatch.tools.context import ToolContext
+from agentbatch.tools.registry import call_tool, load_tools
+from agentbatch.tools.settings import ToolSettings, from_environment
+
+TOOLS = load_tools()
 
 QUESTION = "What colour is the pixel?"
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
@@ -31,9 +33,10 @@ def clean_env(monkeypatch):
 def ctxs():
     made = []
 
-    def make(**settings) -> ToolContext:
-        settings.setdefault("api_key", "test-key")
-        made.append(ToolContext(ToolSettings(**settings), SandboxSpec()))
+    def make(base_url="http://127.0.0.1:9/v1", model="main-model", api_key="test-key", **settings) -> ToolContext:
+        """Tool settings from these flags and the (monkeypatched) environment, as a run builds them at start."""
+        tools = from_environment(os.environ, **settings)
+        made.append(make_ctx(tools, base_url=base_url, model=model, api_key=api_key, max_retries=1))
         return made[-1]
 
     yield make
@@ -61,7 +64,7 @@ def test_vision_sends_url_image_part(ctxs):
     with ScriptedServer(script={QUESTION: {"content": "It is red.", "usage": USAGE}}) as srv:
         ctx = ctxs(base_url=srv.base_url, model="main-model", vision_model="eye-model", allow_private_urls=True)
         image_url = f"http://127.0.0.1:{srv.port}/images/7.png"
-        result, ok = run(tools_vision.VISION_ANALYZE, {"image_url": image_url, "question": QUESTION}, ctx)
+        result, ok = run(TOOLS["vision_analyze"], {"image_url": image_url, "question": QUESTION}, ctx)
         [request] = srv.requests()
     assert ok and result == {"analysis": "It is red.", "error": None}
     assert request["model"] == "eye-model"
@@ -73,7 +76,7 @@ def test_vision_sends_sandbox_file_as_data_url(ctxs):
     with ScriptedServer(script={QUESTION: {"content": "Red."}}) as srv:
         ctx = ctxs(base_url=srv.base_url, model="main-model")
         ctx.sandbox().write_file("shots/pixel.png", PNG_BYTES)
-        result, ok = run(tools_vision.VISION_ANALYZE, {"image_url": "shots/pixel.png", "question": QUESTION}, ctx)
+        result, ok = run(TOOLS["vision_analyze"], {"image_url": "shots/pixel.png", "question": QUESTION}, ctx)
         [request] = srv.requests()
     assert ok and result["analysis"] == "Red."
     assert request["model"] == "main-model"  # no vision model: the main one
@@ -84,11 +87,11 @@ def test_vision_sends_sandbox_file_as_data_url(ctxs):
 
 
 def test_vision_refuses_bad_images_without_calling_the_model(ctxs, monkeypatch):
+    monkeypatch.setenv("VISION_MAX_IMAGE_BYTES", "1000")  # read when the run starts, as the other settings
     with ScriptedServer() as srv:
         ctx = ctxs(base_url=srv.base_url, model="m")
         ctx.sandbox().write_file("notes.txt", b"not an image")
         ctx.sandbox().write_file("big.png", PNG_BYTES + b"\0" * 2000)
-        monkeypatch.setenv("VISION_MAX_IMAGE_BYTES", "1000")
         cases = {
             f"http://127.0.0.1:{srv.port}/images/1.png": "is not a public address (loopback)",
             "http://169.254.169.254/latest/meta-data/": "link-local",
@@ -99,7 +102,7 @@ def test_vision_refuses_bad_images_without_calling_the_model(ctxs, monkeypatch):
             "ftp://example.org/a.png": "unsupported image URL",
         }
         for image, expected in cases.items():
-            result, ok = run(tools_vision.VISION_ANALYZE, {"image_url": image, "question": QUESTION}, ctx)
+            result, ok = run(TOOLS["vision_analyze"], {"image_url": image, "question": QUESTION}, ctx)
             assert not ok and expected in result["error"], (image, result)
         assert srv.requests() == []
     assert ctx.usage.total_tokens == 0
@@ -111,9 +114,9 @@ def test_vision_reports_model_errors(ctxs):
     ) as srv:
         ctx = ctxs(base_url=srv.base_url, model="text-only")
         data_url = "data:image/png;base64," + base64.b64encode(PNG_BYTES).decode()
-        result, ok = run(tools_vision.VISION_ANALYZE, {"image_url": data_url, "question": QUESTION}, ctx)
+        result, ok = run(TOOLS["vision_analyze"], {"image_url": data_url, "question": QUESTION}, ctx)
     assert not ok
-    assert result["error"].startswith("vision model text-only: BadRequestError") and "no vision here" in result["error"]
+    assert result["error"] == "vision model text-only: request rejected: HTTP 400: no vision here"
 
 
 # ---------------------------------------------------------------- image_generate
@@ -123,8 +126,8 @@ def test_image_generate_returns_url(ctxs):
     with ScriptedServer() as srv:
         # base_url points nowhere: the images must go to image_base_url
         ctx = ctxs(base_url="http://127.0.0.1:9/v1", image_model="paint-1", image_base_url=srv.base_url)
-        assert tools_image.IMAGE_GENERATE.unavailable(ctx.settings) is None
-        result, ok = run(tools_image.IMAGE_GENERATE, {"prompt": "a lighthouse at dusk", "size": "512x512"}, ctx)
+        assert TOOLS["image_generate"].unavailable(ctx.settings) is None
+        result, ok = run(TOOLS["image_generate"], {"prompt": "a lighthouse at dusk", "size": "512x512"}, ctx)
         assert ok, result
         assert result["path"] is None
         fetched = httpx.get(result["image_url"])
@@ -140,8 +143,8 @@ def test_image_generate_saves_b64_into_sandbox(ctxs, monkeypatch):
     monkeypatch.setenv("IMAGE_RESPONSE_FORMAT", "b64_json")
     with ScriptedServer() as srv:
         ctx = ctxs(base_url=srv.base_url, image_model="paint-1")
-        first, ok1 = run(tools_image.IMAGE_GENERATE, {"prompt": "a red square"}, ctx)
-        second, ok2 = run(tools_image.IMAGE_GENERATE, {"prompt": "another red square"}, ctx)
+        first, ok1 = run(TOOLS["image_generate"], {"prompt": "a red square"}, ctx)
+        second, ok2 = run(TOOLS["image_generate"], {"prompt": "another red square"}, ctx)
         requests = srv.image_requests()
     assert ok1 and ok2, (first, second)
     assert first["image_url"] is None
@@ -154,8 +157,8 @@ def test_image_generate_saves_b64_into_sandbox(ctxs, monkeypatch):
 
 def test_image_generate_unavailable_without_model(ctxs):
     ctx = ctxs(base_url="http://127.0.0.1:9/v1")
-    assert "--image_model" in tools_image.IMAGE_GENERATE.unavailable(ctx.settings)
-    result, ok = run(tools_image.IMAGE_GENERATE, {"prompt": "x"}, ctx)
+    assert "--image_model" in TOOLS["image_generate"].unavailable(ctx.settings)
+    result, ok = run(TOOLS["image_generate"], {"prompt": "x"}, ctx)
     assert not ok and "--image_model" in result["error"]
 
 
@@ -168,7 +171,7 @@ def test_moa_calls_references_in_parallel_then_aggregates(ctxs):
     with ScriptedServer(script={prompt: reply}) as srv:
         ctx = ctxs(base_url=srv.base_url, model="main", moa_models=("ref-a", "ref-b", "ref-c"), moa_aggregator="agg")
         start = time.monotonic()
-        result, ok = run(tools_moa.MIXTURE_OF_AGENTS, {"user_prompt": prompt}, ctx)
+        result, ok = run(TOOLS["mixture_of_agents"], {"user_prompt": prompt}, ctx)
         elapsed = time.monotonic() - start
         requests = srv.requests()
     assert ok, result
@@ -192,7 +195,7 @@ def test_moa_calls_references_in_parallel_then_aggregates(ctxs):
 def test_moa_aggregator_defaults_to_main_model(ctxs):
     with ScriptedServer() as srv:
         ctx = ctxs(base_url=srv.base_url, model="main", moa_models=("ref-a",))
-        result, ok = run(tools_moa.MIXTURE_OF_AGENTS, {"user_prompt": "hi"}, ctx)
+        result, ok = run(TOOLS["mixture_of_agents"], {"user_prompt": "hi"}, ctx)
         models = [r["model"] for r in srv.requests()]
     assert ok and result["response"] == "OK"
     assert models == ["ref-a", "main"]
@@ -203,7 +206,7 @@ def test_moa_fails_when_every_reference_fails(ctxs):
     script = {"q": {"fault": "400", "fault_times": -1, "error_message": "model not found"}}
     with ScriptedServer(script=script) as srv:
         ctx = ctxs(base_url=srv.base_url, model="main", moa_models=("ref-a", "ref-b"))
-        result, ok = run(tools_moa.MIXTURE_OF_AGENTS, {"user_prompt": "q"}, ctx)
+        result, ok = run(TOOLS["mixture_of_agents"], {"user_prompt": "q"}, ctx)
         models = sorted(r["model"] for r in srv.requests())
     assert not ok
     assert result["error"].startswith("every reference model failed")
@@ -213,5 +216,5 @@ def test_moa_fails_when_every_reference_fails(ctxs):
 
 
 def test_moa_unavailable_without_reference_models():
-    assert "--moa_models" in tools_moa.MIXTURE_OF_AGENTS.unavailable(ToolSettings(model="m"))
-    assert tools_moa.MIXTURE_OF_AGENTS.unavailable(ToolSettings(model="m", moa_models=("a",))) is None
+    assert "--moa_models" in TOOLS["mixture_of_agents"].unavailable(ToolSettings())
+    assert TOOLS["mixture_of_agents"].unavailable(ToolSettings(moa_models=("a",))) is None

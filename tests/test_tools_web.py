@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from fake_site import FakeSite, html_reply, json_reply, redirect
+from helpers import make_ctx as context
 
-import tools_web
-import url_policy
-from sandbox import SandboxSpec
-from tool_registry import ToolContext, ToolSettings, call_tool
+from agentbatch.errors import FatalError
+from agentbatch.tools import url_policy
+from agentbatch.tools.context import ToolContext
+from agentbatch.tools.registry import call_tool, load_tools
+from agentbatch.tools.settings import ToolSettings, from_environment, private_networks
+
+TOOLS = load_tools()
 
 FIXTURES = Path(__file__).parent / "fixtures" / "web"
 ARTICLE = (FIXTURES / "article.html").read_bytes()
@@ -49,7 +54,8 @@ def site():
 
 
 def make_ctx(**settings) -> ToolContext:
-    return ToolContext(ToolSettings(**settings), SandboxSpec())
+    """A context whose settings come from the flags given and the (monkeypatched) environment, as at start."""
+    return context(from_environment(os.environ, **settings))
 
 
 def run(tool, args: dict, ctx: ToolContext | None = None) -> tuple[dict, bool]:
@@ -96,8 +102,8 @@ def test_tavily_request_and_results(site, monkeypatch):
     fake = site({"/search": search})
     monkeypatch.setenv("TAVILY_API_KEY", "tvly-test-key")
     monkeypatch.setenv("TAVILY_BASE_URL", fake.url)
-    assert tools_web.WEB_SEARCH.unavailable(ToolSettings()) is None
-    result, ok = run(tools_web.WEB_SEARCH, {"query": "  skerryvore lighthouse ", "max_results": 3})
+    assert TOOLS["web_search"].unavailable(from_environment(os.environ)) is None
+    result, ok = run(TOOLS["web_search"], {"query": "  skerryvore lighthouse ", "max_results": 3})
     assert ok, result
     assert result == {
         "results": [
@@ -141,7 +147,7 @@ def test_brave_request_and_results(site, monkeypatch):
     fake = site({"/res/v1/web/search": search})
     monkeypatch.setenv("BRAVE_API_KEY", "brave-key")
     monkeypatch.setenv("BRAVE_BASE_URL", fake.url + "/")
-    result, ok = run(tools_web.WEB_SEARCH, {"query": "tallest lighthouse scotland", "max_results": 50})
+    result, ok = run(TOOLS["web_search"], {"query": "tallest lighthouse scotland", "max_results": 50})
     assert ok, result
     assert result["results"] == [
         {
@@ -163,7 +169,7 @@ def test_searxng_request_and_results(site, monkeypatch):
 
     fake = site({"/search": search})
     monkeypatch.setenv("SEARXNG_URL", fake.url)
-    result, ok = run(tools_web.WEB_SEARCH, {"query": "hynish signal tower", "max_results": 2})
+    result, ok = run(TOOLS["web_search"], {"query": "hynish signal tower", "max_results": 2})
     assert ok, result
     assert result["results"] == [
         {"title": "r0", "url": "https://e.org/0", "description": "c0"},
@@ -171,19 +177,19 @@ def test_searxng_request_and_results(site, monkeypatch):
     ]
 
 
-def test_backend_choice(monkeypatch):
-    reason = tools_web.WEB_SEARCH.unavailable(ToolSettings())
+def test_backend_choice():
+    reason = TOOLS["web_search"].unavailable(ToolSettings())
     assert "TAVILY_API_KEY" in reason and "BRAVE_API_KEY" in reason and "SEARXNG_URL" in reason
-    monkeypatch.setenv("BRAVE_API_KEY", "b")
-    monkeypatch.setenv("SEARXNG_URL", "http://127.0.0.1:9")
-    assert tools_web.search_backend()[0].name == "brave"
-    monkeypatch.setenv("WEB_SEARCH_BACKEND", "searxng")
-    assert tools_web.search_backend()[0].name == "searxng"
-    monkeypatch.setenv("WEB_SEARCH_BACKEND", "tavily")
-    assert "TAVILY_API_KEY is not set" in tools_web.WEB_SEARCH.unavailable(ToolSettings())
-    monkeypatch.setenv("WEB_SEARCH_BACKEND", "bing")
-    assert "not one of" in tools_web.WEB_SEARCH.unavailable(ToolSettings())
-    assert tools_web.WEB_EXTRACT.unavailable(ToolSettings()) is None
+    env = {"BRAVE_API_KEY": "b", "SEARXNG_URL": "http://127.0.0.1:9"}
+    assert from_environment(env).search_backend == "brave"
+    assert TOOLS["web_search"].unavailable(from_environment(env)) is None
+    assert from_environment(dict(env, WEB_SEARCH_BACKEND="searxng")).search_backend == "searxng"
+    # A contradictory or misspelt choice stops the run at start, naming the variable.
+    with pytest.raises(FatalError, match="TAVILY_API_KEY is not set"):
+        from_environment(dict(env, WEB_SEARCH_BACKEND="tavily"))
+    with pytest.raises(FatalError, match="not one of"):
+        from_environment(dict(env, WEB_SEARCH_BACKEND="bing"))
+    assert TOOLS["web_extract"].unavailable(ToolSettings()) is None
 
 
 def test_search_service_error_is_reported(site, monkeypatch):
@@ -192,7 +198,7 @@ def test_search_service_error_is_reported(site, monkeypatch):
     )
     monkeypatch.setenv("TAVILY_API_KEY", "wrong")
     monkeypatch.setenv("TAVILY_BASE_URL", fake.url)
-    result, ok = run(tools_web.WEB_SEARCH, {"query": "x"})
+    result, ok = run(TOOLS["web_search"], {"query": "x"})
     assert not ok
     assert result["results"] == []
     assert "tavily search failed: HTTP 401" in result["error"] and "invalid API key" in result["error"]
@@ -210,7 +216,7 @@ def test_search_retries_server_errors(site, monkeypatch):
 
     fake = site({"/search": flaky})
     monkeypatch.setenv("SEARXNG_URL", fake.url)
-    result, ok = run(tools_web.WEB_SEARCH, {"query": "x"})
+    result, ok = run(TOOLS["web_search"], {"query": "x"})
     assert ok and len(calls) == 2 and result["results"][0]["url"] == "https://u"
 
 
@@ -239,7 +245,7 @@ def pages(site):
 
 def test_extract_article_as_markdown(pages, monkeypatch):
     monkeypatch.setenv(url_policy.ENV_VAR, "127.0.0.0/8")
-    result, ok = run(tools_web.WEB_EXTRACT, {"urls": [pages.url + "/article"]})
+    result, ok = run(TOOLS["web_extract"], {"urls": [pages.url + "/article"]})
     assert ok, result
     [page] = result["results"]
     assert page["error"] is None
@@ -252,7 +258,7 @@ def test_extract_article_as_markdown(pages, monkeypatch):
 
 
 def test_extract_refuses_private_addresses_before_connecting(pages):
-    result, ok = run(tools_web.WEB_EXTRACT, {"urls": [pages.url + "/article"]})
+    result, ok = run(TOOLS["web_extract"], {"urls": [pages.url + "/article"]})
     assert not ok
     assert "127.0.0.1 is not a public address (loopback)" in result["error"]
     assert pages.seen == []  # refused before any connection
@@ -261,7 +267,7 @@ def test_extract_refuses_private_addresses_before_connecting(pages):
 def test_every_redirect_hop_is_checked(pages, monkeypatch):
     monkeypatch.setenv(url_policy.ENV_VAR, "127.0.0.0/8")  # the test server may be reached, nothing else
     urls = [pages.url + p for p in ("/old-article", "/to-private", "/to-metadata")]
-    result, ok = run(tools_web.WEB_EXTRACT, {"urls": urls})
+    result, ok = run(TOOLS["web_extract"], {"urls": urls})
     assert ok and result["error"] is None  # one of three succeeded
     followed, private, metadata = result["results"]
     assert followed["error"] is None and followed["final_url"] == pages.url + "/article"
@@ -275,7 +281,7 @@ def test_every_redirect_hop_is_checked(pages, monkeypatch):
 def test_allow_private_setting_and_host_header(pages):
     port = pages.url.rsplit(":", 1)[1]
     ctx = make_ctx(allow_private_urls=True)
-    result, ok = run(tools_web.WEB_EXTRACT, {"urls": [f"http://localhost:{port}/notes.txt"]}, ctx)
+    result, ok = run(TOOLS["web_extract"], {"urls": [f"http://localhost:{port}/notes.txt"]}, ctx)
     assert ok, result
     assert result["results"][0]["content"] == "plain notes, line one\nline two"
     # The connection is pinned to the checked address while the server still sees the name asked for.
@@ -286,7 +292,7 @@ def test_extract_errors_are_per_url(pages, monkeypatch):
     monkeypatch.setenv(url_policy.ENV_VAR, "1")
     monkeypatch.setenv("WEB_EXTRACT_MAX_BYTES", "50000")
     names = ["/missing", "/big", "/big-streamed", "/loop", "/image.png", "/article"]
-    result, ok = run(tools_web.WEB_EXTRACT, {"urls": [pages.url + n for n in names]})
+    result, ok = run(TOOLS["web_extract"], {"urls": [pages.url + n for n in names]})
     assert ok and result["error"] is None
     missing, big, streamed, loop, image, article = result["results"]
     assert missing["error"] == "HTTP 404 Not Found"
@@ -299,18 +305,18 @@ def test_extract_errors_are_per_url(pages, monkeypatch):
 
 def test_all_failed_sets_top_level_error(pages, monkeypatch):
     monkeypatch.setenv(url_policy.ENV_VAR, "1")
-    result, ok = run(tools_web.WEB_EXTRACT, {"urls": [pages.url + "/missing", "ftp://example.org/file"]})
+    result, ok = run(TOOLS["web_extract"], {"urls": [pages.url + "/missing", "ftp://example.org/file"]})
     assert not ok
     assert result["error"] == "all 2 URLs failed"
     assert "only http and https" in result["results"][1]["error"]
-    result, ok = run(tools_web.WEB_EXTRACT, {"urls": []})
+    result, ok = run(TOOLS["web_extract"], {"urls": []})
     assert not ok and "non-empty list" in result["error"]
 
 
 def test_extract_output_is_capped(pages, monkeypatch):
     monkeypatch.setenv(url_policy.ENV_VAR, "1")
     ctx = make_ctx(max_output_chars=2000)
-    result, ok = run(tools_web.WEB_EXTRACT, {"urls": [pages.url + "/big"]}, ctx)
+    result, ok = run(TOOLS["web_extract"], {"urls": [pages.url + "/big"]}, ctx)
     assert ok
     content = result["results"][0]["content"]
     assert len(content) < 2100 and "characters cut" in content
@@ -340,31 +346,28 @@ def test_extract_output_is_capped(pages, monkeypatch):
 )
 def test_policy_refuses_non_public_addresses(url, reason):
     with pytest.raises(ValueError, match=rf"is not a public address \({reason}\)"):
-        url_policy.check_url(url, allow_private=False)
-    url_policy.check_url(url, allow_private=True)
+        url_policy.check_url(url, ())
+    url_policy.check_url(url, None)
 
 
 def test_policy_allows_public_and_checks_scheme(monkeypatch):
-    url_policy.check_url("https://8.8.8.8/dns-query", allow_private=False)
-    url_policy.check_url("http://[2606:4700:4700::1111]/", allow_private=False)
+    url_policy.check_url("https://8.8.8.8/dns-query", ())
+    url_policy.check_url("http://[2606:4700:4700::1111]/", ())
     for bad in ("file:///etc/passwd", "gopher://8.8.8.8/", "http:///nohost", "javascript:alert(1)"):
         with pytest.raises(ValueError):
-            url_policy.check_url(bad, allow_private=True)
+            url_policy.check_url(bad, None)
     with pytest.raises(ValueError, match="cannot resolve"):
-        url_policy.check_url("http://no-such-host.invalid/", allow_private=False)
+        url_policy.check_url("http://no-such-host.invalid/", ())
 
 
-def test_policy_env_var(monkeypatch):
-    monkeypatch.setenv(url_policy.ENV_VAR, "1")
-    url_policy.check_url("http://10.0.0.1/", allow_private=False)
-    monkeypatch.setenv(url_policy.ENV_VAR, "0")
+def test_policy_env_var():
+    url_policy.check_url("http://10.0.0.1/", private_networks("1"))
     with pytest.raises(ValueError):
-        url_policy.check_url("http://10.0.0.1/", allow_private=False)
-    monkeypatch.setenv(url_policy.ENV_VAR, "10.0.0.0/8, 127.0.0.1/32")
-    url_policy.check_url("http://10.9.9.9/", allow_private=False)
-    url_policy.check_url("http://127.0.0.1/", allow_private=False)
+        url_policy.check_url("http://10.0.0.1/", private_networks("0"))
+    listed = private_networks("10.0.0.0/8, 127.0.0.1/32")
+    url_policy.check_url("http://10.9.9.9/", listed)
+    url_policy.check_url("http://127.0.0.1/", listed)
     with pytest.raises(ValueError, match="loopback"):
-        url_policy.check_url("http://127.0.0.2/", allow_private=False)
-    monkeypatch.setenv(url_policy.ENV_VAR, "intranet")
-    with pytest.raises(ValueError, match="not a network"):
-        url_policy.check_url("http://10.0.0.1/", allow_private=False)
+        url_policy.check_url("http://127.0.0.2/", listed)
+    with pytest.raises(FatalError, match="not a network"):
+        private_networks("intranet")

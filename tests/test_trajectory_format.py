@@ -1,4 +1,4 @@
-"""The §5 trajectory line: tool statistics by call id, and 200 real, mixed lines that `datasets` loads."""
+"""The trajectory line: tool statistics by call id, and 200 real, mixed lines that `datasets` loads."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from collections import Counter
 
 import pytest
 from helpers import gpt_turns, model_settings, run_agent_once, tool_turns
-
-from model_client import ModelClient
 from scripted_server import ScriptedServer
-from tool_registry import ALL_TOOL_NAMES, ToolSettings, offered_tools
-from toolset_distributions import DISTRIBUTIONS, prompt_rng, sample_toolsets
+
+from agentbatch.prompt_runner import Clients, RunConfig
+from agentbatch.tools.registry import offered_tools
+from agentbatch.tools.settings import ToolSettings
+from toolset_distributions import ALL_TOOL_NAMES, DISTRIBUTIONS, prompt_rng, sample_toolsets
 from trajectory import reasoning_counts, tool_stats, unknown_tools
 
 N_LINES = 200
@@ -120,11 +121,12 @@ def lines(tmp_path_factory) -> tuple[str, list[dict]]:
         plan.append((f"prompt {i}: do the thing", toolsets, max_turns, replies))
     records = []
     with ScriptedServer(script={p: replies for p, _, _, replies in plan}) as srv:
-        client = ModelClient(model_settings(srv))
+        cfg = RunConfig(run_name="t", model=model_settings(srv), tools=settings)
+        clients = Clients.for_config(cfg)  # one set for all 200 prompts, as a worker has
         for i, (prompt, toolsets, max_turns, _) in enumerate(plan):
             records.append(
                 run_agent_once(
-                    srv, prompt, toolsets, max_turns=max_turns, tool_settings=settings, prompt_index=i, client=client
+                    srv, prompt, toolsets, max_turns=max_turns, tool_settings=settings, prompt_index=i, clients=clients
                 )
             )
     path = tmp_path_factory.mktemp("traj") / "trajectories.jsonl"
@@ -211,7 +213,7 @@ def test_datasets_loads_lines_spread_over_many_chunks(lines, tmp_path, monkeypat
 def test_merge_puts_a_tool_using_entry_first_so_any_order_of_batches_loads(lines, tmp_path, monkeypatch):
     # Batch files whose first 16 KiB hold no tool turn at all: loaded as they are, datasets would fix a
     # schema without tool fields from that first chunk and fail on later chunks. The merge prevents it.
-    from run_files import RunFiles
+    from agentbatch.run_files import RunFiles
 
     _, records = lines
     ordered = sorted(records, key=lambda r: bool(tool_turns(r)))

@@ -1,0 +1,146 @@
+"""Scale-out on Ray: the same prompt-level scheduling as processes.LocalExecutor, on the actors of a Ray cluster.
+
+Why threaded actors and not `ray.util.multiprocessing.Pool`: the work is waiting on model endpoints, so
+one process holds many prompts at once on threads (`max_concurrency=threads`) and shares one HTTP
+connection pool, exactly as a local worker does. The parent submits one `run.remote(task)` per free slot
+and keeps each ObjectRef with the actor it went to, which gives what Pool cannot: at most
+num_workers × threads prompts in flight (Pool.imap submits the whole iterable up front), no new prompt
+after `stop` is set, and a dead actor's prompts reported as failed outcomes (its refs raise
+RayActorError) while a fresh actor takes its place. Actors only compute and return outcomes; the
+parent, the only writer, records them.
+
+`address`: "local" starts a private Ray instance (and shuts it down at the end); "auto" joins the
+cluster this machine belongs to; "ray://head:10001" connects through Ray Client. The runner's own
+modules travel to the workers as `runtime_env={"py_modules": [...]}`, so a cluster needs no copy of
+this project, but its nodes need the same Python and Ray versions as the driver and the runner's
+dependencies (`pip install "batch-runner[ray]"` in the cluster image, or add them to the runtime_env).
+The run configuration, API key included, is sent to the actors through Ray's object store.
+Actors reserve no CPU (they mostly wait) and are spread over the nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator
+
+import ray
+from ray.exceptions import RayActorError, RayError
+
+from agentbatch.executors.base import Slots, lost
+from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+
+_POLL_SECONDS = 0.5
+
+
+@ray.remote(num_cpus=0, concurrency_groups={"control": 1})
+class PromptActor:
+    """One Ray worker process running up to max_concurrency prompts on threads."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.clients = Clients.for_config(cfg)
+
+    def run(self, task: PromptTask) -> PromptOutcome:
+        return run_prompt(task, self.cfg, self.clients)
+
+    @ray.method(concurrency_group="control")  # answers even while every prompt slot is busy
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RayExecutor:
+    """num_workers Ray actors × threads_per_worker slots, on the cluster at `address`."""
+
+    def __init__(self, cfg: RunConfig, address: str, num_workers: int, threads_per_worker: int = 1):
+        self.cfg = cfg
+        self.address = address
+        self.num_workers = num_workers
+        self.threads = threads_per_worker
+        self.actors: list = []  # the live actor of each slot group, for tests that kill one
+        self._running: Iterator[PromptOutcome] | None = None
+
+    def run(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
+        self._running = self._outcomes(tasks, stop)
+        return self._running
+
+    def close(self) -> None:
+        if self._running is not None:
+            self._running.close()  # its finally kills the actors
+
+    def _outcomes(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
+        started = self._connect()
+        refs: dict[ray.ObjectRef, tuple[int, object, PromptTask]] = {}
+        slots = Slots(self.num_workers, self.threads)
+
+        def send(slot: int, task: PromptTask) -> None:
+            actor = self.actors[slot]
+            refs[actor.run.remote(task)] = (slot, actor, task)
+
+        try:
+            self.actors = [self._actor() for _ in range(self.num_workers)]
+            pending = iter(tasks)
+            exhausted = False
+            while True:
+                if not exhausted and not stop.is_set():
+                    exhausted = slots.fill(pending, send)
+                if not refs and (exhausted or stop.is_set()):
+                    return
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=_POLL_SECONDS)
+                if ready:  # take everything already finished, not one per round trip
+                    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+                for ref in ready:
+                    slot, actor, task = refs.pop(ref)
+                    slots.release(task.index)
+                    yield self._outcome(ref, slot, actor, task)
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
+            if started:
+                ray.shutdown()
+
+    def _connect(self) -> bool:
+        """Join or start Ray; True when this executor started it (and so must shut it down)."""
+        if ray.is_initialized():
+            return False
+        runtime_env = {"py_modules": _project_modules()}
+        if self.address == "local":
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, self.num_workers),
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                runtime_env=runtime_env,
+            )
+        else:
+            ray.init(address=self.address, log_to_driver=False, logging_level=logging.WARNING, runtime_env=runtime_env)
+        return True
+
+    def _actor(self):
+        return PromptActor.options(max_concurrency=self.threads, scheduling_strategy="SPREAD").remote(self.cfg)
+
+    def _outcome(self, ref, slot: int, actor, task: PromptTask) -> PromptOutcome:
+        try:
+            return ray.get(ref)
+        except RayActorError as e:
+            if self.actors[slot] is actor:  # the first of its prompts to report the death replaces it
+                self.actors[slot] = self._actor()
+            return lost(task, f"Ray actor died: {_first_line(e)}")
+        except RayError as e:  # the worker crashed or the outcome could not travel back
+            return lost(task, f"Ray task failed: {_first_line(e)}")
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return (text.splitlines() or [type(e).__name__])[0][:300]
+
+
+def _project_modules() -> list[str]:
+    """What a worker imports of this project: the package directory and the top-level modules it uses."""
+    import toolset_distributions
+    import trajectory
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [package, os.path.abspath(trajectory.__file__), os.path.abspath(toolset_distributions.__file__)]

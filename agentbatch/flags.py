@@ -1,0 +1,224 @@
+"""Every command-line flag, declared once: name, default, help and check.
+
+The CLI's signature and `--help` (batch_runner.main), the checks run before anything starts, and the
+flag table in the README all come from FLAGS; tests/test_flags.py holds the README to it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agentbatch import flag_checks as check
+from agentbatch.errors import FatalError
+from toolset_distributions import get_distribution
+
+Check = Callable[[str, Any], Any]
+
+
+def _as_is(name: str, value: Any) -> Any:
+    return value
+
+
+def _text(name: str, value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _optional(fn: Check) -> Check:
+    return lambda name, value: None if value is None else fn(name, value)
+
+
+def _int(minimum: int) -> Check:
+    return lambda name, value: check.positive_int(name, value, minimum)
+
+
+def _seed(name: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise FatalError(f"--{name} must be a whole number, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag. `text` flags keep their value exactly as typed (Fire would parse "123" as 123)."""
+
+    name: str
+    default: Any
+    help: str
+    check: Check = _as_is
+    text: bool = False
+    shown_default: str | None = None  # how the README shows the default, when not the literal value
+    kind: type | None = None  # the value's type for --help, when neither `text` nor the default tells it
+
+    def annotation(self) -> Any:
+        kind = str if self.text else self.kind or type(self.default)
+        return kind | None if self.default is None else kind
+
+    def readme_default(self) -> str:
+        if self.shown_default is not None:
+            return self.shown_default
+        if self.default is None:
+            return "none"
+        return str(self.default).lower() if isinstance(self.default, bool) else str(self.default)
+
+
+def _t(name: str, default: Any, help: str, check: Check = _text, shown: str | None = None) -> Flag:
+    return Flag(name, default, help, check, text=True, shown_default=shown)
+
+
+FLAGS: tuple[Flag, ...] = (
+    _t("dataset_file", None, 'JSONL file, one {"prompt": ...} object per line (see "The dataset")', shown="required"),
+    Flag("batch_size", None, "prompts per batch file", _optional(_int(1)), shown_default="required", kind=int),
+    _t("run_name", None, "output goes to <output_dir>/<run_name>/", _optional(check.run_name), shown="required"),
+    _t(
+        "distribution",
+        "default",
+        "toolset distribution, see --list_distributions",
+        lambda n, v: get_distribution(str(v)),
+    ),
+    _t("model", "anthropic/claude-sonnet-4.6", "model name at the endpoint; `local` runs the embedded model offline"),
+    _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint"),
+    _t(
+        "api_key",
+        None,
+        "else OPENROUTER_API_KEY, else OPENAI_API_KEY; required for openrouter.ai and api.openai.com",
+        shown="env",
+    ),
+    Flag("max_turns", 10, "model calls per prompt", _int(1)),
+    Flag("num_workers", 4, "worker processes", _int(1)),
+    Flag(
+        "concurrency",
+        None,
+        "prompts in flight over all workers (threads inside each worker; 256 works on 2 cores)",
+        _optional(_int(1)),
+        shown_default="num_workers",
+        kind=int,
+    ),
+    Flag(
+        "resume", False, "continue the run: done and discarded prompts are skipped, failed ones re-run", check.boolean
+    ),
+    Flag("verbose", False, "log every prompt; tracebacks on fatal errors", check.boolean),
+    Flag(
+        "max_samples", None, "only the first N valid dataset entries", _optional(_int(1)), shown_default="all", kind=int
+    ),
+    Flag("providers_allowed", None, "OpenRouter `provider.only`, comma-separated", check.name_list, kind=str),
+    Flag("providers_ignored", None, "OpenRouter `provider.ignore`, comma-separated", check.name_list, kind=str),
+    Flag("providers_order", None, "OpenRouter `provider.order`, comma-separated", check.name_list, kind=str),
+    _t("provider_sort", None, "OpenRouter `provider.sort`: price, throughput or latency", check.provider_sort),
+    _t(
+        "reasoning_effort",
+        None,
+        "none, minimal, low, medium, high, xhigh, max or ultra: sends `reasoning: {enabled: true, effort}`",
+        check.reasoning_effort,
+    ),
+    Flag(
+        "reasoning_disabled", False, 'ask the model not to reason: sends `reasoning: {effort: "none"}`', check.boolean
+    ),
+    _t("ephemeral_system_prompt", None, "system prompt sent with every call, never saved"),
+    Flag("log_prefix_chars", 100, "length of prompt previews in --verbose logs", _int(0)),
+    _t(
+        "prefill_messages_file",
+        None,
+        "JSON array of {role, content} sent before every prompt, never saved",
+        check.prefill_messages,
+    ),
+    Flag("list_distributions", False, "print every distribution and exit", check.boolean),
+    Flag(
+        "require_reasoning",
+        True,
+        "discard samples without any reasoning; false for models that never reason",
+        check.boolean,
+    ),
+    Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int),
+    _t(
+        "sandbox",
+        None,
+        "local or docker; rows with an image always use docker",
+        check.sandbox_kind,
+        shown="`TERMINAL_ENV`, else local",
+    ),
+    _t("docker_image", "python:3.11-slim", "default image of the docker sandbox"),
+    _t("docker_memory", "1g", "container memory limit (no swap beyond it)", check.docker_memory),
+    Flag("docker_cpus", 1.0, "container CPU limit", check.positive_float),
+    Flag("docker_pids", 256, "container process limit", _int(1)),
+    _t("ray_address", None, "run on a Ray cluster: `local`, `auto` or `ray://host:port`"),
+    Flag("request_timeout", 600.0, "seconds per model call before it is retried", check.positive_float),
+    Flag(
+        "max_retries",
+        5,
+        "retries of a model call (429 honouring Retry-After, 408, 409, 5xx, timeouts, dropped connections, "
+        "malformed replies; other 4xx fail at once) before the prompt fails",
+        _int(0),
+    ),
+    Flag("command_timeout", 60.0, "seconds a terminal command may run", check.positive_float),
+    Flag("allow_private_urls", False, "let web and browser tools reach private and loopback addresses", check.boolean),
+    _t("vision_model", None, "model of vision_analyze and browser_vision", shown="--model"),
+    _t("image_model", None, "model of image_generate, which is offered only with one (or IMAGE_MODEL)"),
+    _t("image_base_url", None, "endpoint of image_generate", shown="--base_url"),
+    Flag(
+        "moa_models",
+        None,
+        "reference models of mixture_of_agents (comma-separated), which is offered only with some",
+        check.name_list,
+        kind=str,
+    ),
+    _t("moa_aggregator", None, "aggregator model of mixture_of_agents", shown="--model"),
+    _t("local_model_path", None, "GGUF file for --model=local", shown="SmolLM2-135M"),
+    _t("output_dir", "data", "parent of the run directory"),
+)
+BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
+
+
+def signature() -> inspect.Signature:
+    """The CLI's signature for Fire: every flag with its default, then **unknown to name a mistyped flag."""
+    params = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.annotation())
+        for f in FLAGS
+    ]
+    params.append(inspect.Parameter("unknown", inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+def docstring(summary: str) -> str:
+    """The CLI's docstring, whose Args section Fire shows in --help."""
+    args = "\n".join(f"    {f.name}: {f.help}" for f in FLAGS)
+    return f"{summary}\n\nArgs:\n{args}\n"
+
+
+def parse(raw: dict[str, Any]) -> dict[str, Any]:
+    """Every flag's checked value, in table order; the first bad one raises FatalError."""
+    unknown = [name for name in raw if name not in BY_NAME]
+    if unknown:
+        raise FatalError(f"unknown flag --{unknown[0]}; see --help for the flags")
+    return {f.name: f.check(f.name, raw.get(f.name, f.default)) for f in FLAGS}
+
+
+def quote_text_flags(argv: list[str]) -> list[str]:
+    """Make Fire keep the values of text flags exactly as typed (it parses values as Python literals)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        flag = BY_NAME.get(name[2:].replace("-", "_")) if name.startswith("--") else None
+        if flag is not None and flag.text:
+            if eq:
+                out.append(f"{name}={value!r}")
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out.extend([name, repr(argv[i + 1])])
+                i += 1
+            else:
+                out.append(arg)
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def readme_table() -> str:
+    """The README's flag table, one row per flag."""
+    rows = ["| flag | default | notes |", "|---|---|---|"]
+    rows += [f"| `--{f.name}` | {f.readme_default()} | {f.help} |" for f in FLAGS]
+    return "\n".join(rows)

@@ -1,0 +1,131 @@
+"""One prompt, start to finish, in a worker: sandbox check, agent loop, trajectory, quality filter."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from agentbatch import sandboxes
+from agentbatch.agent_loop import run_agent
+from agentbatch.model.client import ModelCallError, ModelClient, ModelSettings
+from agentbatch.model.usage import Usage
+from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
+from agentbatch.tools.context import ToolContext
+from agentbatch.tools.registry import offered_tools
+from agentbatch.tools.settings import ToolSettings
+from trajectory import build_record, has_think_block
+
+
+@dataclass
+class RunConfig:
+    """Everything a worker needs to run prompts; built once by the parent from the flags."""
+
+    run_name: str
+    model: ModelSettings
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    max_turns: int = 10
+    system_prompt: str | None = None
+    prefill: list[dict] = field(default_factory=list)
+    require_reasoning: bool = True
+    verbose: bool = False
+    log_prefix_chars: int = 100
+
+
+@dataclass
+class PromptTask:
+    """A prompt to run: its dataset position, batch, sampled toolsets and sandbox wishes."""
+
+    index: int
+    prompt: str
+    batch_num: int
+    toolsets: list[str]
+    image: str | None = None
+    cwd: str | None = None
+
+
+@dataclass
+class PromptOutcome:
+    """How a prompt ended: "done" with a record, "discarded" with a record and reason, or "failed" with an error."""
+
+    index: int
+    prompt: str
+    batch_num: int
+    status: str
+    record: dict | None = None
+    error: str | None = None
+    usage: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class Clients:
+    """A worker's model clients, shared by its threads: the run's endpoint, and the images endpoint if another."""
+
+    chat: ModelClient
+    images: ModelClient
+
+    @classmethod
+    def for_config(cls, cfg: RunConfig) -> Clients:
+        chat = ModelClient(cfg.model)
+        t = cfg.tools
+        if not (t.image_base_url or t.image_api_key):
+            return cls(chat, chat)
+        images = replace(
+            cfg.model, base_url=t.image_base_url or cfg.model.base_url, api_key=t.image_api_key or cfg.model.api_key
+        )
+        return cls(chat, ModelClient(images))
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).replace(tzinfo=None).isoformat(timespec="seconds")
+
+
+def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutcome:
+    """Run one prompt; never raises: every problem becomes a failed outcome with its reason."""
+    start = time.monotonic()
+    usage = Usage()
+    outcome = PromptOutcome(task.index, task.prompt, task.batch_num, "failed")
+    ctx = None
+    try:
+        spec = SandboxSpec(cfg.sandbox, image=task.image, cwd=task.cwd, run_name=cfg.run_name)
+        sandboxes.prepare(spec)  # before any model call: an unavailable image costs no tokens
+        ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images)
+        tools = offered_tools(task.toolsets, cfg.tools)
+        result = run_agent(task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill)
+        if ctx.sandbox_error is not None:
+            raise ctx.sandbox_error
+        record = build_record(
+            prompt_index=task.index,
+            messages=result.messages,
+            batch_num=task.batch_num,
+            timestamp=now_iso(),
+            model=cfg.model.model,
+            completed=result.completed,
+            partial=result.partial,
+            api_calls=result.api_calls,
+            toolsets=task.toolsets,
+            usage=usage.as_dict(),
+            tool_schemas=result.tool_schemas,
+        )
+        outcome.record = record
+        if cfg.require_reasoning and not any(
+            has_think_block(t["value"]) for t in record["conversations"] if t["from"] == "gpt"
+        ):
+            outcome.status, outcome.error = "discarded", "no_reasoning"
+        else:
+            outcome.status = "done"
+    except (ModelCallError, SandboxError) as e:
+        outcome.error = str(e)
+    except Exception as e:  # a bug of ours fails this prompt, loudly, but never the run
+        outcome.error = f"internal error: {type(e).__name__}: {e}"
+        if cfg.verbose:
+            outcome.error += "\n" + traceback.format_exc()
+    finally:
+        if ctx is not None:
+            ctx.close()
+        outcome.usage = usage.as_dict()
+        outcome.seconds = time.monotonic() - start
+    return outcome

@@ -1,0 +1,88 @@
+"""The sandbox interface every backend implements, and the data that crosses it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# Only these host variables reach a sandboxed command; everything else (API keys above all) stays out.
+SAFE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+}
+
+
+class SandboxError(Exception):
+    """The environment itself failed (not the command the model ran)."""
+
+
+@dataclass
+class ExecResult:
+    """What a command printed (stdout and stderr interleaved), its exit code, and whether it timed out."""
+
+    output: str
+    exit_code: int
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """The run's sandbox choice and limits (from the flags)."""
+
+    kind: str = "local"
+    docker_image: str | None = None
+    memory: str = "1g"
+    cpus: float = 1.0
+    pids: int = 256
+    network: bool = True
+
+
+@dataclass
+class SandboxSpec:
+    """Where one prompt runs: the run's settings plus the row's own image and working directory."""
+
+    settings: SandboxSettings = field(default_factory=SandboxSettings)
+    image: str | None = None
+    cwd: str | None = None
+    run_name: str = "run"
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        """The backend: a row with an image runs in Docker whatever the run's default."""
+        return "docker" if self.image else self.settings.kind
+
+
+class Sandbox(Protocol):
+    """A prompt's environment; tools act only through it."""
+
+    workdir: str
+
+    def exec(self, command: str, timeout: float) -> ExecResult: ...
+
+    def read_file(self, path: str) -> bytes: ...
+
+    def write_file(self, path: str, data: bytes) -> None: ...
+
+    def cleanup(self) -> None: ...
+
+
+class Backend(Protocol):
+    """A kind of sandbox: a module with these three functions, listed in `agentbatch.sandboxes.BACKENDS`."""
+
+    def prepare(self, spec: SandboxSpec) -> None:
+        """Check, before any model call, that the sandbox can be made (image present); raise SandboxError if not."""
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        """Make the sandbox; the caller must call its cleanup() whatever happens."""
+
+    def reap(self, run_name: str) -> int:
+        """Remove what sandboxes of this run left behind (a killed session's); returns how many."""
+
+
+def resolve_path(workdir: str, path: str) -> str:
+    """A path as the model gave it, relative paths taken from the working directory."""
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(workdir, path))

@@ -1,0 +1,163 @@
+"""What every benchmark shares: the scripted server in its own process, the CLI run with its process tree
+sampled, datasets, and the report line with the machine's load beside each figure."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the scripted server is test and bench support
+
+CALLS_PER_PROMPT = 3
+READ_PATH = "/etc/hostname"  # exists on every Linux machine; the local sandbox is an empty temp dir
+DEFAULT_SCRIPT = [
+    {"reasoning": "Let me look at the file.", "tool_calls": [{"name": "read_file", "arguments": {"path": READ_PATH}}]},
+    {"reasoning": "Once more, to be sure.", "tool_calls": [{"name": "read_file", "arguments": {"path": READ_PATH}}]},
+    {"reasoning": "I have what I need.", "content": "Done with: {prompt}"},
+]
+GIB = 1024**3
+MIB = 1024**2
+
+
+class Server:
+    """scripted_server.py in a separate process."""
+
+    def __init__(self, latency: float, jitter: float = 0.0, heavy_tail: bool = False, seed: int = 0):
+        OUT.mkdir(parents=True, exist_ok=True)
+        script = OUT / "default_script.json"
+        script.write_text(json.dumps(DEFAULT_SCRIPT))
+        cmd = [
+            sys.executable,
+            str(ROOT / "tests" / "scripted_server.py"),
+            "--port",
+            "0",
+            "--default_script",
+            str(script),
+        ]
+        cmd += ["--latency", str(latency), "--jitter", str(jitter), "--seed", str(seed)]
+        if heavy_tail:
+            cmd.append("--heavy_tail")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            raise RuntimeError(f"scripted server did not start: {line!r}")
+        self.base_url = line.split()[1]
+
+    def cpu_seconds(self) -> float:
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return t.user + t.system
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def write_dataset(n: int) -> Path:
+    path = OUT / f"prompts_{n}.jsonl"
+    if not path.exists():
+        with open(path, "w") as f:
+            for i in range(n):
+                f.write(json.dumps({"prompt": f"Benchmark task {i}: summarise the file {READ_PATH}."}) + "\n")
+    return path
+
+
+class TreeSampler(threading.Thread):
+    """Peak summed RSS of a process and all its descendants, sampled every 0.1 s."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self.peak_procs = 0
+        self.cpu: dict[int, float] = {}  # last CPU seconds seen per process, for the parent/worker split
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            total = 0
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                    t = p.cpu_times()
+                    self.cpu[p.pid] = t.user + t.system
+                except psutil.NoSuchProcess:
+                    pass
+            if total > self.peak:
+                self.peak, self.peak_procs = total, len(procs)
+            self._halt.wait(0.1)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def run_cli(name: str, dataset: Path, base_url: str, *extra: str, entry: list[str] | None = None) -> dict:
+    """The real CLI in a subprocess: wall time, peak tree RSS, CPU seconds of its processes, statistics."""
+    runs = OUT / "runs"
+    shutil.rmtree(runs / name, ignore_errors=True)
+    cmd = (entry or [sys.executable, str(ROOT / "batch_runner.py")]) + [
+        f"--dataset_file={dataset}",
+        "--batch_size=100",
+        f"--run_name={name}",
+        f"--base_url={base_url}",
+        "--api_key=sk-bench-not-a-real-key",
+        "--model=bench-model",
+        f"--output_dir={runs}",
+        "--max_retries=2",
+        "--seed=1",
+        *extra,
+    ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    stdout, stderr = proc.communicate()
+    wall = time.monotonic() - start
+    sampler.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: exit {proc.returncode}\n{stderr[-3000:]}")
+    stats = json.loads((runs / name / "statistics.json").read_text())
+    return {
+        "wall": wall,
+        "peak_rss": sampler.peak,
+        "peak_procs": sampler.peak_procs,
+        "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "prompts": stats["prompts"],
+        "api_calls": stats["api_calls"],
+        "run_seconds": stats["duration_seconds"],
+        "cpu_parent_seen": sampler.cpu.get(proc.pid, 0.0),
+        "cpu_others_seen": sum(v for k, v in sampler.cpu.items() if k != proc.pid),
+        "loadavg": os.getloadavg(),
+    }
+
+
+def report(results: dict, key: str, line: str) -> None:
+    line += f" (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    print(line, flush=True)
+    results.setdefault("lines", []).append(line)
+
+
+def check_all_done(name: str, r: dict, n: int) -> None:
+    if r["prompts"]["done"] != n or r["api_calls"] != n * CALLS_PER_PROMPT:
+        raise RuntimeError(f"{name}: expected {n} prompts done with {n * CALLS_PER_PROMPT} calls, got {r}")

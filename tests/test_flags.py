@@ -1,0 +1,53 @@
+"""Each flag is declared once (agentbatch/flags.py); the CLI, --help and the README follow from it."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import batch_runner
+from agentbatch import flags
+from agentbatch.errors import FatalError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_flag_table_is_the_declared_one():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert flags.readme_table() in readme, (
+        "regenerate the table: python -c 'from agentbatch import flags; print(flags.readme_table())'"
+    )
+
+
+def test_the_cli_signature_is_the_declared_flags():
+    params = inspect.signature(batch_runner.main).parameters
+    assert [p for p in params if p != "unknown"] == [f.name for f in flags.FLAGS]
+    assert all(params[f.name].default == f.default for f in flags.FLAGS)
+
+
+def test_help_shows_every_flag_with_its_help_text():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "batch_runner.py"), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0
+    for f in flags.FLAGS:
+        assert f"--{f.name}" in done.stdout
+        assert " ".join(f.help.split()[:4]) in " ".join(done.stdout.split()), f.name
+
+
+def test_every_flag_is_checked_by_its_declaration():
+    assert flags.parse({})["max_turns"] == 10
+    for name, bad in (("max_turns", 0), ("batch_size", "x"), ("docker_memory", "lots"), ("provider_sort", "cheapest")):
+        with pytest.raises(FatalError, match=f"--{name}"):
+            flags.parse({name: bad})
+    with pytest.raises(FatalError, match="unknown flag --max_turn;"):
+        flags.parse({"max_turn": 3})
+
+
+def test_text_flags_are_kept_as_typed():
+    quoted = flags.quote_text_flags(["--model=123", "--run_name", "a, b", "--max_turns=3"])
+    assert quoted == ["--model='123'", "--run_name", "'a, b'", "--max_turns=3"]
