@@ -35,6 +35,10 @@ def to_conversations(messages: list[dict]) -> list[dict]:
     return turns
 
 
+# How a session ended, one value per way (README, "Output"); every trajectory line carries one.
+STOP_REASONS = ("answered", "max_turns", "length", "context", "invalid_tools")
+
+
 def with_think_block(reasoning: str, content: str) -> str:
     """The ShareGPT gpt value: reasoning first as a <think> block, then the content."""
     if not reasoning:
@@ -119,10 +123,12 @@ def build_record(
     model: str,
     completed: bool,
     partial: bool,
+    stop_reason: str,
     api_calls: int,
     toolsets: list[str],
     usage: dict,
     tool_schemas: list[dict],
+    sample_index: int = 0,
 ) -> dict:
     """One trajectory line; every line has the same keys and nested shape, so `datasets` loads any mix."""
     conversations = to_conversations(messages)
@@ -133,6 +139,8 @@ def build_record(
         "metadata": {"batch_num": batch_num, "timestamp": timestamp, "model": model},
         "completed": completed,
         "partial": partial,
+        "stop_reason": stop_reason,
+        "sample_index": sample_index,
         "api_calls": api_calls,
         "toolsets_used": list(toolsets),
         "tool_stats": stats,

@@ -16,7 +16,11 @@ UNKNOWN_TOOL_LIMIT = 3
 
 @dataclass
 class AgentResult:
-    """What the loop did: the saved messages (user turn onward), how it ended, and how many calls it made."""
+    """What the loop did: the saved messages (user turn onward), how it ended, and how many calls it made.
+
+    stop_reason is one of trajectory.STOP_REASONS: answered, max_turns, length (the reply was cut),
+    context (the conversation outgrew the context window), invalid_tools (tools it lacks, three times).
+    """
 
     messages: list[dict]
     completed: bool = False
@@ -48,7 +52,7 @@ def run_agent(
         try:
             response = client.chat(prefix + [_for_api(m) for m in saved], schemas)
         except ContextOverflow:
-            result.partial, result.stop_reason = True, "context_overflow"
+            result.partial, result.stop_reason = True, "context"
             return result
         ctx.usage.add(response.get("usage"))
         choice = response.choices[0]
@@ -57,7 +61,7 @@ def run_agent(
             # Never executed, never saved: the model is asked again with the same conversation.
             unknown_streak += 1
             if unknown_streak >= UNKNOWN_TOOL_LIMIT:
-                result.partial, result.stop_reason = True, "unknown_tool"
+                result.partial, result.stop_reason = True, "invalid_tools"
                 return result
             continue
         unknown_streak = 0

@@ -44,6 +44,7 @@ class PromptTask:
     toolsets: list[str]
     image: str | None = None
     cwd: str | None = None
+    sample_index: int = 0
 
 
 @dataclass
@@ -105,10 +106,12 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             model=cfg.model.model,
             completed=result.completed,
             partial=result.partial,
+            stop_reason=result.stop_reason,
             api_calls=result.api_calls,
             toolsets=task.toolsets,
             usage=usage.as_dict(),
             tool_schemas=result.tool_schemas,
+            sample_index=task.sample_index,
         )
         outcome.record = record
         if cfg.require_reasoning and not any(

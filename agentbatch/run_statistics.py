@@ -27,6 +27,7 @@ class RunStats:
     completed: int = 0
     partial: int = 0
     max_turns_reached: int = 0
+    stop_reasons: dict[str, int] = field(default_factory=dict)
     api_calls: int = 0
     discarded: int = 0
     discard_reasons: dict[str, int] = field(default_factory=dict)
@@ -42,6 +43,9 @@ class RunStats:
             self.partial += 1
         else:
             self.max_turns_reached += 1
+        reason = record.get("stop_reason")
+        if isinstance(reason, str):
+            self.stop_reasons[reason] = self.stop_reasons.get(reason, 0) + 1
         self.api_calls += int(record.get("api_calls") or 0)
         for name, s in (record.get("tool_stats") or {}).items():
             if not s.get("count"):
@@ -82,6 +86,7 @@ class RunStats:
             "completed": self.completed,
             "partial": self.partial,
             "max_turns_reached": self.max_turns_reached,
+            "stop_reasons": self.stop_reasons,
             "api_calls": self.api_calls,
             "discarded": self.discarded,
             "discard_reasons": self.discard_reasons,

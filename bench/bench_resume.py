@@ -83,6 +83,7 @@ def synthesize_corpus(n: int = 100_000, per_batch: int = 1000) -> Path:
                     model="bench-model",
                     completed=True,
                     partial=False,
+                    stop_reason="answered",
                     api_calls=3,
                     toolsets=["terminal", "file"],
                     usage={"prompt_tokens": 2400, "completion_tokens": 300, "total_tokens": 2700},

@@ -73,6 +73,7 @@ def test_max_turns_reached_is_incomplete_but_not_partial():
         record = run_agent_once(srv, P, ["terminal"], max_turns=2)
         assert len(srv.requests()) == 2
     assert record["completed"] is False and record["partial"] is False
+    assert record["stop_reason"] == "max_turns"
     assert record["api_calls"] == 2
     assert [t["from"] for t in record["conversations"]] == ["human", "gpt", "tool", "gpt", "tool"]
 
@@ -81,6 +82,7 @@ def test_reply_without_tool_calls_completes():
     with ScriptedServer(script={P: [{"content": "Just an answer."}]}) as srv:
         record = run_agent_once(srv, P, ["terminal"])
     assert record["completed"] is True and record["partial"] is False and record["api_calls"] == 1
+    assert record["stop_reason"] == "answered" and record["sample_index"] == 0
     assert record["conversations"][1:] == [{"from": "gpt", "value": "Just an answer."}]
 
 
@@ -92,6 +94,7 @@ def test_three_unknown_tool_replies_in_a_row_end_partial(tmp_path):
         record = run_agent_once(srv, P, ["terminal", "file"], cwd=str(tmp_path))
         requests = srv.requests()
     assert record["partial"] is True and record["completed"] is False
+    assert record["stop_reason"] == "invalid_tools"
     assert record["api_calls"] == 3 and len(requests) == 3
     assert record["conversations"] == [{"from": "human", "value": P}]
     assert not (tmp_path / "ran.txt").exists()
@@ -149,6 +152,7 @@ def test_length_cut_reply_ends_partial_and_its_calls_never_run(tmp_path):
     with ScriptedServer(script={P: script}) as srv:
         record = run_agent_once(srv, P, ["terminal", "file"], cwd=str(tmp_path))
     assert record["partial"] is True and record["completed"] is False and record["api_calls"] == 2
+    assert record["stop_reason"] == "length"
     assert not (tmp_path / "cut.txt").exists()
     last = record["conversations"][-1]
     # A truncated call was never run, so it is neither in the trajectory nor counted as a tool failure.
@@ -163,6 +167,7 @@ def test_context_overflow_ends_partial():
         record = run_agent_once(srv, P, ["terminal"])
         assert len(srv.requests()) == 2  # a context overflow is not retried
     assert record["partial"] is True and record["completed"] is False and record["api_calls"] == 2
+    assert record["stop_reason"] == "context"
     assert [t["from"] for t in record["conversations"]] == ["human", "gpt", "tool"]
 
 
