@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, TypeVar
 
 from agentbatch import flag_checks as check
 from agentbatch import flags, secrets_guard
@@ -18,6 +19,8 @@ from agentbatch.run_files import RunFiles
 from agentbatch.sandboxes.base import SandboxSettings
 from agentbatch.session import Session
 from agentbatch.tools import settings as tool_settings
+
+T = TypeVar("T")
 
 
 def run(raw: dict[str, Any]) -> int:
@@ -64,21 +67,10 @@ def run(raw: dict[str, Any]) -> int:
         key = check.api_key(f["api_key"], base_url, needed=not local)
         # A sandboxed command running as our user could read the key from /proc/<runner>/cmdline or environ.
         secrets_guard.hide_from_proc([key])
-        cfg = RunConfig(
-            run_name=f["run_name"],
-            model=ModelSettings(
-                model=model,
-                base_url=base_url,
-                api_key=key,
-                request_timeout=f["request_timeout"],
-                max_retries=f["max_retries"],
-                providers_allowed=f["providers_allowed"],
-                providers_ignored=f["providers_ignored"],
-                providers_order=f["providers_order"],
-                provider_sort=f["provider_sort"],
-                reasoning_effort=f["reasoning_effort"],
-                reasoning_disabled=f["reasoning_disabled"],
-            ),
+        cfg = _from_flags(
+            RunConfig,
+            f,
+            model=_from_flags(ModelSettings, f, model=model, base_url=base_url, api_key=key),
             tools=tools,
             sandbox=SandboxSettings(
                 kind=f["sandbox"],
@@ -87,18 +79,20 @@ def run(raw: dict[str, Any]) -> int:
                 cpus=f["docker_cpus"],
                 pids=f["docker_pids"],
             ),
-            max_turns=f["max_turns"],
             system_prompt=f["ephemeral_system_prompt"],
             prefill=f["prefill_messages_file"] or [],
-            require_reasoning=f["require_reasoning"],
-            verbose=f["verbose"],
-            log_prefix_chars=f["log_prefix_chars"],
         )
         secrets = (key, *withdrawn.values(), *tools.secrets())
         files = RunFiles(os.path.join(f["output_dir"], f["run_name"]), secrets=secrets)
         session = Session(cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"])
         session.dataset_file = f["dataset_file"]
         return session.run(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"]))
+
+
+def _from_flags(cls: type[T], f: dict[str, Any], **given: Any) -> T:
+    """A settings dataclass: every field a flag of the same name sets, then the values given."""
+    names = {field.name for field in dataclasses.fields(cls)} - set(given)
+    return cls(**{name: f[name] for name in names if name in f}, **given)
 
 
 def executor(cfg: RunConfig, num_workers: int, concurrency: int | None, ray_address: str | None) -> Executor:

@@ -1,75 +1,56 @@
 """What `pip install .` puts in site-packages: the three modules the project is known by and one package."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 OURS = {"batch_runner.py", "toolset_distributions.py", "trajectory.py", "agentbatch"}
+NOT_SOURCE = shutil.ignore_patterns(".git", "data", "out", "build", "*.egg-info", "__pycache__", ".*_cache")
 
 
-def test_an_install_adds_three_modules_and_one_package(tmp_path):
-    target = tmp_path / "site"
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """`pip install .` of a copy of the checkout into a target directory (the build's leftovers stay in the copy)."""
+    tmp = tmp_path_factory.mktemp("install")
+    source, target = tmp / "source", tmp / "site"
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCE)
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            ".",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [*command, "--target", str(target), "."], cwd=source, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    top = {p.name for p in target.iterdir()} - {"bin", "__pycache__"}
+    return target
+
+
+def test_an_install_adds_three_modules_and_one_package(installed):
+    top = {p.name for p in installed.iterdir()} - {"bin", "__pycache__"}
     metadata = {n for n in top if n.endswith(".dist-info")}
     assert top - metadata == OURS
-    installed = {str(p.relative_to(target)) for p in (target / "agentbatch").rglob("*.py")}
+    in_site = {str(p.relative_to(installed)) for p in (installed / "agentbatch").rglob("*.py")}
     in_checkout = {str(p.relative_to(ROOT)) for p in (ROOT / "agentbatch").rglob("*.py")}
-    assert installed == in_checkout, "every module of the package is installed, and nothing else"
-    assert not any("scripted" in name for name in installed), "the scripted test server is not part of the runtime"
+    assert in_site == in_checkout, "every module of the package is installed, and nothing else"
+    assert not any("scripted" in name for name in in_site), "the scripted test server is not part of the runtime"
 
 
-def test_the_installed_console_script_runs(tmp_path):
-    target = tmp_path / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            ".",
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+def test_the_installed_console_script_runs(installed, tmp_path):
     # Run from outside the checkout, so only the installed copy can be imported.
+    code = (
+        "import agentbatch, batch_runner, sys; print(agentbatch.__file__, batch_runner.__file__); "
+        "sys.argv = ['batch-runner', '--list_distributions']; batch_runner.cli()"
+    )
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import batch_runner, sys; sys.argv = ['batch-runner', '--list_distributions']; batch_runner.cli()",
-        ],
+        [sys.executable, "-c", code],
         cwd=tmp_path,
-        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert "terminal_tasks" in done.stdout
+    first, rest = done.stdout.split("\n", 1)
+    assert all(path.startswith(str(installed)) for path in first.split()), first
+    assert "terminal_tasks" in rest
