@@ -25,9 +25,16 @@ def check_formats(name: str, values: tuple[str, ...]) -> tuple[str, ...]:
         fmt = value.lower()
         if fmt not in FORMATS:
             raise FatalError(f"--{name}: unknown format {value!r}; choose from {', '.join(FORMATS)}")
-        missing = [p for p in FORMATS[fmt][1] if importlib.util.find_spec(p) is None]
+        missing = [p for p in FORMATS[fmt][1] if not _installed(p)]
         if missing:
             raise FatalError(f"--{name}={fmt} needs {', '.join(missing)}: {INSTALL_HINT}")
         if fmt not in out:
             out.append(fmt)
     return tuple(out)
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules (blocked)
+        return False

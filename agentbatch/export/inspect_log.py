@@ -141,7 +141,9 @@ class Writer:
                 input=prompt or "",
                 target="",
                 messages=messages,
-                output=m.ModelOutput(model=model_name or "", choices=choices, usage=usage),
+                output=m.ModelOutput(
+                    model=model_name or "", choices=choices, completion=last.text if last else "", usage=usage
+                ),
                 scores=scores,
                 metadata=metadata,
                 model_usage={model_name: usage} if model_name else {},
