@@ -205,7 +205,12 @@ def test_a_killed_run_exports_and_secrets_never_reach_an_export(exported, tmp_pa
     record = batch_records(run_dir)[0]
     record["conversations"][0]["value"] += f" (the key is {secret})"
     with open(run_dir / f"batch_{NEW_BATCH + 1}.jsonl", "w") as f:
-        f.write(json.dumps(record) + "\n" + '{"prompt_index": 99, "conversa')  # a kill tore the last line
+        odd = dict(record, prompt_index=98)
+        odd["conversations"] = [
+            dict(t, value=t["value"] + "\ud800") if t["from"] == "gpt" else t for t in record["conversations"]
+        ]
+        f.write(json.dumps(record) + "\n" + json.dumps(odd) + "\n")  # a lone surrogate, as the endpoint sent it
+        f.write('{"prompt_index": 99, "conversa')  # a kill tore the last line
     done = export_cli(run_dir, f"--export={ALL}", env={"SOME_SERVICE_TOKEN": secret})
     assert_clean_exit(done)
     report = json.loads((run_dir / "export" / "report.json").read_text())

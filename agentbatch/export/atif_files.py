@@ -163,7 +163,7 @@ class Writer:
         (out / "trajectories").mkdir()
         self.written = 0
 
-    def add(self, record: dict) -> None:
+    def add(self, record: dict, raw: bytes = b"") -> None:
         self.written += 1
         doc = self.Trajectory.model_validate(to_document(record, self.ctx.run_name, self.written))
         path = self.out / "trajectories" / f"{self.written:06d}.json"

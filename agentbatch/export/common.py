@@ -16,6 +16,11 @@ from typing import Any, Protocol
 
 from trajectory import first_human, unknown_tools
 
+try:  # 3-5x faster than json on long lines: most of a large export's time is parsing (bench/RESULTS.md, (7))
+    from orjson import loads as _loads
+except ImportError:
+    _loads = json.loads
+
 _BATCH_RE = re.compile(r"^batch_(\d+)\.jsonl$")
 
 
@@ -100,16 +105,19 @@ class RunSource:
             return []
         return sorted(int(m.group(1)) for f in os.listdir(self.dir) if (m := _BATCH_RE.match(f)))
 
-    def trajectories(self) -> Iterator[dict]:
-        """Every trajectory the merge would keep, in batch-file order (lines that are not JSON or call unknown tools are counted)."""
+    def trajectories(self) -> Iterator[tuple[dict, bytes]]:
+        """(record, its redacted line) of every trajectory the merge would keep, in batch-file order.
+
+        Lines that are not JSON or call unknown tools are counted, not yielded.
+        """
         c = self.counts
         for n in self.batch_numbers():
-            for record in self._records(self.dir / f"batch_{n}.jsonl", c):
+            for record, raw in self._lines(self.dir / f"batch_{n}.jsonl", c):
                 if unknown_tools(record.get("conversations") or []):
                     c.unknown_tool += 1
                     continue
                 c.trajectories += 1
-                yield record
+                yield record, raw
 
     def discarded(self) -> Iterator[dict]:
         yield from self._records(self.dir / "discarded.jsonl", None)
@@ -140,6 +148,10 @@ class RunSource:
         yield from self.discarded()
 
     def _records(self, path: Path, counts: SourceCounts | None) -> Iterator[dict]:
+        for record, _raw in self._lines(path, counts):
+            yield record
+
+    def _lines(self, path: Path, counts: SourceCounts | None) -> Iterator[tuple[dict, bytes]]:
         try:
             f = open(path, "rb")
         except FileNotFoundError:
@@ -155,14 +167,26 @@ class RunSource:
                 for s in self._secrets:
                     if s in raw:
                         raw = raw.replace(s, b"[REDACTED]")
-                try:
-                    record = json.loads(raw)
-                except ValueError:  # a torn last line of a killed or running session, or a corrupt one
-                    record = None
+                record = _parse(raw)
                 if isinstance(record, dict):
-                    yield record
+                    yield record, raw
                 elif counts is not None:
                     counts.not_json += 1
+
+
+def _parse(raw: bytes):
+    """The line's JSON value, None for a torn or corrupt line."""
+    try:
+        record = _loads(raw)
+    except ValueError:
+        try:
+            record = json.loads(raw)  # orjson refuses lone surrogate escapes, which our files may hold
+        except ValueError:
+            return None
+    if (b"\\ud" in raw or b"\\uD" in raw) and isinstance(record, dict):
+        # A lone surrogate is not text: Arrow, pydantic and Inspect cannot write it as UTF-8, so it becomes "?".
+        record = json.loads(json.dumps(record, ensure_ascii=False).encode("utf-8", "replace"))
+    return record
 
 
 @dataclass
@@ -179,7 +203,7 @@ class ExportContext:
 class FormatWriter(Protocol):
     """One export format: records go in one at a time; finish() writes what is left and returns its counts."""
 
-    def add(self, record: dict) -> None: ...
+    def add(self, record: dict, raw: bytes = b"") -> None: ...
 
     def finish(self) -> dict[str, Any]: ...
 

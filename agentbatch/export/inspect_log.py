@@ -48,7 +48,7 @@ class Writer:
         self.ids: set[tuple[str, int]] = set()
         self.models: dict[str, Any] = {}
 
-    def add(self, record: dict) -> None:
+    def add(self, record: dict, raw: bytes = b"") -> None:
         self._add(record, str(record.get("stop_reason") or ("answered" if record.get("completed") else "max_turns")))
 
     def add_discarded(self, line: dict) -> None:

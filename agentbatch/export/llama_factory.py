@@ -93,7 +93,7 @@ class Writer:
         self.written = 0
         self.skipped: Counter = Counter()
 
-    def add(self, record: dict) -> None:
+    def add(self, record: dict, raw: bytes = b"") -> None:
         line, why = to_line(record)
         if line is None:
             self.skipped[why] += 1

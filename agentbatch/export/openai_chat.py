@@ -60,7 +60,7 @@ class Writer:
         self.f = open(out / FILE, "w", encoding="utf-8", errors="backslashreplace")
         self.written = 0
 
-    def add(self, record: dict) -> None:
+    def add(self, record: dict, raw: bytes = b"") -> None:
         write_jsonl_line(self.f, to_line(record))
         self.written += 1
 

@@ -36,14 +36,14 @@ def export(
                 tmp = stack.enter_context(atomic_dir(export_dir / fmt))
                 module = importlib.import_module(f"agentbatch.export.{FORMATS[fmt][0]}")
                 writers[fmt] = module.Writer(tmp, ctx)
-            for record in source.trajectories():
+            for record, raw in source.trajectories():
                 why = filters.rejects(record)
                 if why:
                     source.counts.filtered[why] += 1
                     continue
                 kept += 1
                 for w in writers.values():
-                    w.add(record)
+                    w.add(record, raw)
             viewers = [w for w in writers.values() if getattr(w, "takes_all_outcomes", False)]
             if viewers:
                 for line in source.discarded():
