@@ -3,7 +3,7 @@
 The tool list goes in a leading system turn (<tools>…</tools>, in the Hermes function-calling prompt), every gpt
 turn starts with a <think> block (empty when the model did not reason), tool calls are <tool_call> blocks in
 the gpt value, and all results of one reply form one `tool` turn of <tool_response> blocks. A line has exactly
-the original's keys, so `datasets` concatenates the two.
+the original's keys.
 """
 
 from __future__ import annotations
