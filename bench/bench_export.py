@@ -1,6 +1,6 @@
 """(7) The Parquet export of the synthetic 100,000-trajectory run of (4): throughput and peak memory.
 
-    python bench/run_bench.py --only 7
+python bench/run_bench.py --only 7
 """
 
 from __future__ import annotations

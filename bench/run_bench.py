@@ -104,7 +104,9 @@ def bench_ray(results: dict, n: int = 1000, conc: int = 64) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="1,2,3,4,5", help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export)")
+    parser.add_argument(
+        "--only", default="1,2,3,4,5", help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export)"
+    )
     which = parser.parse_args().only.replace(",", "")
     OUT.mkdir(parents=True, exist_ok=True)
     results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "python": sys.version.split()[0]}
