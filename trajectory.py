@@ -50,6 +50,69 @@ def has_think_block(value: str) -> bool:
     return value.startswith("<think>\n")
 
 
+def split_think_block(value: str) -> tuple[str, str]:
+    """(reasoning, content) of a gpt value: the inverse of with_think_block."""
+    if not has_think_block(value):
+        return "", value
+    end = value.find("\n</think>\n", 8)
+    if end >= 0:
+        return value[8:end], value[end + 10 :]
+    if value.endswith("\n</think>"):
+        return value[8:-9], ""
+    return "", value  # an unclosed tag is content, as the model wrote it
+
+
+def to_openai_messages(conversations: list[dict]) -> list[dict]:
+    """ShareGPT turns → OpenAI chat messages: reasoning as `reasoning_content`, tool calls with string arguments.
+
+    Content is always a string ("" beside tool calls), as chat templates concatenate it.
+    """
+    messages: list[dict] = []
+    for turn in conversations:
+        kind = turn.get("from")
+        if kind == "human":
+            messages.append({"role": "user", "content": turn.get("value") or ""})
+        elif kind == "system":
+            messages.append({"role": "system", "content": turn.get("value") or ""})
+        elif kind == "gpt":
+            reasoning, content = split_think_block(turn.get("value") or "")
+            m: dict[str, Any] = {"role": "assistant", "content": content}
+            if reasoning:
+                m["reasoning_content"] = reasoning
+            if turn.get("tool_calls"):
+                m["tool_calls"] = [
+                    {
+                        "id": c.get("id"),
+                        "type": "function",
+                        "function": {"name": c.get("name"), "arguments": _as_json_string(c.get("arguments"))},
+                    }
+                    for c in turn["tool_calls"]
+                ]
+            messages.append(m)
+        elif kind == "tool":
+            messages.append(
+                {"role": "tool", "tool_call_id": turn.get("tool_call_id"), "content": turn.get("value") or ""}
+            )
+    return messages
+
+
+def from_openai_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI chat messages → ShareGPT turns (the inverse of to_openai_messages); a tool turn's name is its call's."""
+    names: dict[Any, str] = {}
+    turns: list[dict] = []
+    for m in messages:
+        if m.get("role") == "system":
+            turns.append({"from": "system", "value": m.get("content") or ""})
+            continue
+        if m.get("role") == "assistant":
+            names = {c.get("id"): c["function"]["name"] for c in m.get("tool_calls") or []}
+            m = dict(m, reasoning=m.get("reasoning_content") or "")
+        elif m.get("role") == "tool":
+            m = dict(m, name=m.get("name") or names.get(m.get("tool_call_id")))
+        turns.extend(to_conversations([m]))
+    return turns
+
+
 def _zero_stats() -> dict[str, dict[str, int]]:
     return {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOL_NAMES}
 

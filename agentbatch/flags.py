@@ -13,7 +13,8 @@ from typing import Any
 
 from agentbatch import flag_checks as check
 from agentbatch.errors import FatalError
-from toolset_distributions import get_distribution
+from agentbatch.export import check_formats
+from toolset_distributions import TOOLSETS, get_distribution
 
 Check = Callable[[str, Any], Any]
 
@@ -32,6 +33,14 @@ def _optional(fn: Check) -> Check:
 
 def _int(minimum: int) -> Check:
     return lambda name, value: check.positive_int(name, value, minimum)
+
+
+def _toolsets(name: str, value: Any) -> tuple[str, ...]:
+    names = check.name_list(name, value)
+    unknown = [n for n in names if n not in TOOLSETS]
+    if unknown:
+        raise FatalError(f"--{name}: unknown toolset {unknown[0]!r}; choose from {', '.join(TOOLSETS)}")
+    return names
 
 
 def _seed(name: str, value: Any) -> int | None:
@@ -167,6 +176,32 @@ FLAGS: tuple[Flag, ...] = (
     _t("moa_aggregator", None, "aggregator model of mixture_of_agents", shown="--model"),
     _t("local_model_path", None, "GGUF file for --model=local", shown="SmolLM2-135M"),
     _t("output_dir", "data", "parent of the run directory"),
+    Flag(
+        "export",
+        None,
+        "write the run in these formats to <output_dir>/<run_name>/export/<format>/: openai, llama_factory, hermes, "
+        "atif, parquet, inspect (comma-separated); with --run_name alone it exports that run and exits, with "
+        "--dataset_file at the end of every session",
+        lambda n, v: check_formats(n, check.name_list(n, v)),
+        kind=str,
+    ),
+    Flag("export_completed_only", False, "export only trajectories the model ended by answering", check.boolean),
+    Flag(
+        "export_no_partial",
+        False,
+        "leave partial trajectories (cut off, context full) out of the export",
+        check.boolean,
+    ),
+    Flag("export_no_tool_errors", False, "leave trajectories with a failed tool call out of the export", check.boolean),
+    Flag("export_min_turns", 0, "leave trajectories with fewer assistant turns out of the export", _int(0)),
+    Flag(
+        "export_toolsets",
+        None,
+        "export only trajectories that were offered all these toolsets (comma-separated)",
+        _toolsets,
+        kind=str,
+    ),
+    Flag("export_passed_only", False, "export only trajectories whose check passed (`passed: true`)", check.boolean),
 )
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
 

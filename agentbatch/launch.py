@@ -26,6 +26,10 @@ T = TypeVar("T")
 def run(raw: dict[str, Any]) -> int:
     """Check every flag, then run; returns the exit code."""
     f = flags.parse(raw)
+    if f["export"] and f["dataset_file"] is None:
+        from agentbatch.export import from_flags
+
+        return from_flags.export_only(f)
     if f["dataset_file"] is None:
         raise FatalError('--dataset_file is required: a JSONL file with one {"prompt": ...} per line')
     if f["batch_size"] is None:
@@ -86,7 +90,12 @@ def run(raw: dict[str, Any]) -> int:
         files = RunFiles(os.path.join(f["output_dir"], f["run_name"]), secrets=secrets)
         session = Session(cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"])
         session.dataset_file = f["dataset_file"]
-        return session.run(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"]))
+        code = session.run(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"]))
+    if f["export"]:
+        from agentbatch.export import from_flags
+
+        return from_flags.after_session(f, secrets, code)
+    return code
 
 
 def _from_flags(cls: type[T], f: dict[str, Any], **given: Any) -> T:

@@ -1,0 +1,310 @@
+"""What every export shares: the run's records read from its files, the filters, atomic output, dataset cards."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from trajectory import first_human, unknown_tools
+
+try:  # 3-5x faster than json on long lines: most of a large export's time is parsing (bench/RESULTS.md, (7))
+    from orjson import loads as _loads
+except ImportError:
+    _loads = json.loads
+
+_BATCH_RE = re.compile(r"^batch_(\d+)\.jsonl$")
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which trajectories an export keeps (README, "Export"); a record is counted under the first filter that drops it."""
+
+    completed_only: bool = False
+    no_partial: bool = False
+    no_tool_errors: bool = False
+    min_turns: int = 0
+    toolsets: tuple[str, ...] = ()
+    passed_only: bool = False
+
+    def rejects(self, record: dict) -> str | None:
+        """The name of the filter that drops this record, or None when it is kept."""
+        if self.completed_only and record.get("completed") is not True:
+            return "not_completed"
+        if self.no_partial and record.get("partial"):
+            return "partial"
+        if self.no_tool_errors and tool_errors(record):
+            return "tool_errors"
+        if self.min_turns and assistant_turns(record) < self.min_turns:
+            return "too_few_turns"
+        if self.toolsets and not set(self.toolsets) <= set(record.get("toolsets_used") or ()):
+            return "toolsets"
+        if self.passed_only and record.get("passed") is not True:
+            return "not_passed" if record.get("passed") is False else "no_verdict"
+        return None
+
+    def describe(self) -> dict:
+        return {
+            "completed_only": self.completed_only,
+            "no_partial": self.no_partial,
+            "no_tool_errors": self.no_tool_errors,
+            "min_turns": self.min_turns,
+            "toolsets": list(self.toolsets),
+            "passed_only": self.passed_only,
+        }
+
+
+def tool_errors(record: dict) -> int:
+    counts = record.get("tool_error_counts") or {}
+    return sum(int(v or 0) for v in counts.values()) if isinstance(counts, dict) else 0
+
+
+def assistant_turns(record: dict) -> int:
+    return sum(1 for t in record.get("conversations") or () if t.get("from") == "gpt")
+
+
+@dataclass
+class SourceCounts:
+    """What reading the run's batch files found, before any filter."""
+
+    lines: int = 0
+    bytes: int = 0
+    not_json: int = 0
+    unknown_tool: int = 0
+    trajectories: int = 0
+    filtered: Counter = field(default_factory=Counter)
+
+
+class RunSource:
+    """The records of a run directory, read from its batch files and never changed (so a live or killed run works).
+
+    Every line is redacted of the given secrets before it is parsed, whatever the files already hold.
+    """
+
+    def __init__(self, run_dir: str | Path, secrets: tuple[str, ...] = ()):
+        self.dir = Path(run_dir)
+        # A very short "secret" would redact ordinary letters out of every line (as RunFiles does).
+        self._secrets = tuple(s.encode() for s in secrets if s and len(s) >= 8)
+        self.counts = SourceCounts()
+
+    def exists(self) -> bool:
+        return bool(self.batch_numbers()) or any(
+            (self.dir / n).exists() for n in ("discarded.jsonl", "failed.jsonl", "checkpoint.json")
+        )
+
+    def batch_numbers(self) -> list[int]:
+        if not self.dir.is_dir():
+            return []
+        return sorted(int(m.group(1)) for f in os.listdir(self.dir) if (m := _BATCH_RE.match(f)))
+
+    def trajectories(self) -> Iterator[tuple[dict, bytes]]:
+        """(record, its redacted line) of every trajectory the merge would keep, in batch-file order.
+
+        Lines that are not JSON or call unknown tools are counted, not yielded.
+        """
+        c = self.counts
+        for n in self.batch_numbers():
+            for record, raw in self._lines(self.dir / f"batch_{n}.jsonl", c):
+                if unknown_tools(record.get("conversations") or []):
+                    c.unknown_tool += 1
+                    continue
+                c.trajectories += 1
+                yield record, raw
+
+    def discarded(self) -> Iterator[dict]:
+        yield from self._records(self.dir / "discarded.jsonl", None)
+
+    def unanswered_failures(self) -> list[dict]:
+        """The last failed attempt of each prompt that no trajectory or discard answers, with its attempt count."""
+        answered = {first_human(r) for r in self._all_answers()}
+        last: dict[str, dict] = {}
+        attempts: Counter = Counter()
+        for line in self._records(self.dir / "failed.jsonl", None):
+            prompt = line.get("prompt")
+            if isinstance(prompt, str) and prompt not in answered:
+                last[prompt] = line
+                attempts[prompt] += 1
+        return [dict(line, attempts=attempts[p]) for p, line in last.items()]
+
+    def read_json(self, name: str) -> dict:
+        try:
+            with open(self.dir / name, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _all_answers(self) -> Iterator[dict]:
+        for n in self.batch_numbers():
+            yield from self._records(self.dir / f"batch_{n}.jsonl", None)
+        yield from self.discarded()
+
+    def _records(self, path: Path, counts: SourceCounts | None) -> Iterator[dict]:
+        for record, _raw in self._lines(path, counts):
+            yield record
+
+    def _lines(self, path: Path, counts: SourceCounts | None) -> Iterator[tuple[dict, bytes]]:
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            return
+        with f:
+            for raw in f:
+                if counts is not None:
+                    counts.bytes += len(raw)
+                if not raw.strip():
+                    continue
+                if counts is not None:
+                    counts.lines += 1
+                for s in self._secrets:
+                    if s in raw:
+                        raw = raw.replace(s, b"[REDACTED]")
+                record = _parse(raw)
+                if isinstance(record, dict):
+                    yield record, raw
+                elif counts is not None:
+                    counts.not_json += 1
+
+
+def _parse(raw: bytes):
+    """The line's JSON value, None for a torn or corrupt line."""
+    try:
+        record = _loads(raw)
+    except ValueError:
+        try:
+            record = json.loads(raw)  # orjson refuses lone surrogate escapes, which our files may hold
+        except ValueError:
+            return None
+    if (b"\\ud" in raw or b"\\uD" in raw) and isinstance(record, dict):
+        # A lone surrogate is not text: Arrow, pydantic and Inspect cannot write it as UTF-8, so it becomes "?".
+        record = json.loads(json.dumps(record, ensure_ascii=False).encode("utf-8", "replace"))
+    return record
+
+
+@dataclass
+class ExportContext:
+    """What a format writer knows about the run besides its records."""
+
+    run_name: str
+    run_dir: Path
+    checkpoint: dict
+    statistics: dict
+    filters: Filters
+
+
+class FormatWriter(Protocol):
+    """One export format: records go in one at a time; finish() writes what is left and returns its counts."""
+
+    def add(self, record: dict, raw: bytes = b"") -> None: ...
+
+    def finish(self) -> dict[str, Any]: ...
+
+
+def split_arguments(arguments: Any) -> tuple[dict, str | None]:
+    """(arguments as an object, the raw text when they are not a JSON object): for formats that require an object."""
+    if isinstance(arguments, dict):
+        return arguments, None
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return parsed, None
+    return {}, arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def parsed_tools(record: dict) -> list[dict]:
+    """The function schemas the model was offered ({"type": "function", "function": {...}} each)."""
+    tools = record.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            return []
+    return [t for t in tools or () if isinstance(t, dict)]
+
+
+def write_jsonl_line(f, obj: dict) -> None:
+    f.write(json.dumps(obj, ensure_ascii=False))
+    f.write("\n")
+
+
+def write_card(path: Path, features_yaml: str, data_files: str, body: str) -> None:
+    """A README.md whose YAML header gives the schema, so `datasets.load_dataset(DIR)` loads any mix of lines."""
+    header = f"---\ndataset_info:\n  features:\n{features_yaml}" if features_yaml else "---\n"
+    header += "configs:\n- config_name: default\n  data_files:\n"
+    header += f"  - split: train\n    path: {data_files}\n---\n\n"
+    path.write_text(header + body, encoding="utf-8")
+
+
+# renameat2(RENAME_EXCHANGE): swap two directories in one step, so a reader never sees neither.
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+@contextlib.contextmanager
+def atomic_dir(target: Path) -> Iterator[Path]:
+    """A fresh directory to fill; on success it replaces `target` whole, on failure it is removed and target kept."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in target.parent.glob(f".{target.name}.*"):  # from an export that was killed
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if not target.exists():
+            os.rename(tmp, target)
+        elif _exchange(tmp, target):
+            shutil.rmtree(tmp)  # now holds the previous export
+        else:  # a filesystem without RENAME_EXCHANGE: two renames, the old one out of the way first
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            os.rename(target, old)
+            os.rename(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def write_json_atomic(path: Path, doc: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,44 @@
+"""The export flags: an export of an existing run, or the exports written at the end of a session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from agentbatch.export.common import Filters
+from agentbatch.export.run_export import export
+from agentbatch.secrets_guard import looks_secret
+
+
+def filters(f: dict[str, Any]) -> Filters:
+    return Filters(
+        completed_only=f["export_completed_only"],
+        no_partial=f["export_no_partial"],
+        no_tool_errors=f["export_no_tool_errors"],
+        min_turns=f["export_min_turns"],
+        toolsets=f["export_toolsets"],
+        passed_only=f["export_passed_only"],
+    )
+
+
+def export_only(f: dict[str, Any]) -> int:
+    """`--run_name=NAME --export=...` without a dataset: export that run as it is now (finished, running or killed)."""
+    from agentbatch.errors import FatalError
+
+    if f["run_name"] is None:
+        raise FatalError("--export needs --run_name: the run to export (data/<run_name>/)")
+    # Batch lines were redacted when written; this also keeps out any credential of this environment.
+    secrets = tuple(v for k, v in os.environ.items() if looks_secret(k)) + ((f["api_key"],) if f["api_key"] else ())
+    export(Path(f["output_dir"]) / f["run_name"], f["run_name"], f["export"], filters(f), secrets)
+    return 0
+
+
+def after_session(f: dict[str, Any], secrets: tuple[str, ...], code: int) -> int:
+    """The exports asked for with a run, written once its session has ended (not after Ctrl-C or a write failure)."""
+    if code not in (0, 3):
+        print("export skipped: the session did not finish; export later with --run_name and --export", file=sys.stderr)
+        return code
+    export(Path(f["output_dir"]) / f["run_name"], f["run_name"], f["export"], filters(f), secrets)
+    return code

@@ -1,0 +1,295 @@
+"""`--export` through the real CLI: every format written from a real run, read back by its consumer's own parser."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import atif
+import pytest
+from cli_helpers import assert_clean_exit, read_jsonl, run_cli, write_dataset
+from datasets import load_dataset
+from export_helpers import NEW_BATCH, RUN, batch_records, copy_run, export_cli, make_run
+from scripted_server import ScriptedServer
+from test_seeded_run import _thinking
+
+from agentbatch.export import openai_chat
+from trajectory import to_openai_messages
+
+ALL = "openai,llama_factory,hermes,atif,parquet,inspect"
+TRAINING_FORMATS = ("openai", "llama_factory", "hermes", "atif", "parquet")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    """A real run, exported once in every format by the CLI; the run's own files are compared before and after."""
+    run_dir = make_run(tmp_path_factory.mktemp("export"))
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    done = export_cli(run_dir, f"--export={ALL}")
+    assert_clean_exit(done)
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert after == before, "an export never changes the run's own files"
+    return run_dir
+
+
+def test_every_format_is_written_with_a_report(exported):
+    report = json.loads((exported / "export" / "report.json").read_text())
+    n = len(batch_records(exported))
+    assert set(report) == set(ALL.split(","))
+    for fmt in TRAINING_FORMATS:
+        assert report[fmt]["source"]["trajectories"] == n and report[fmt]["written"] == n, fmt
+        assert report[fmt]["filtered"] == {}
+    assert not [p for p in (exported / "export").iterdir() if p.name.startswith(".")], "no temporary directory left"
+
+
+@pytest.mark.parametrize("fmt", TRAINING_FORMATS)
+def test_every_format_loads_with_datasets(exported, tmp_path, fmt):
+    ds = load_dataset(str(exported / "export" / fmt), split="train", cache_dir=str(tmp_path))
+    assert len(ds) == len(batch_records(exported))
+
+
+def test_parquet_carries_old_and_new_fields_in_one_schema(exported, tmp_path):
+    ds = load_dataset(str(exported / "export" / "parquet"), split="train", cache_dir=str(tmp_path))
+    records = batch_records(exported)
+    assert ds["prompt_index"] == [r["prompt_index"] for r in records]
+    for row, record in zip(ds, records, strict=True):
+        assert [t["value"] for t in row["conversations"]] == [t["value"] for t in record["conversations"]]
+        assert row["reward"] == record.get("reward") and row["passed"] == record.get("passed")
+        assert row["usage"]["cost"] == record["usage"].get("cost")
+        if "verification" in record:
+            assert json.loads(row["extra"])["verification"] == record["verification"]
+            gpt = [t for t in row["conversations"] if t["from"] == "gpt"]
+            assert all(json.loads(t["extra"])["logprobs"][1]["logprob"] == -1.5 for t in gpt)
+        else:
+            assert row["extra"] is None and row["reward"] is None and row["usage"]["cost"] is None
+    card = (exported / "export" / "parquet" / "README.md").read_text()
+    assert "configs:" in card and "anthropic/claude-sonnet-4.6" in card and "| `reward` |" in card
+
+
+def test_openai_lines_round_trip_through_our_trajectory_identically(exported):
+    lines = read_jsonl(exported / "export" / "openai" / "data.jsonl")
+    records = batch_records(exported)
+    assert len(lines) == len(records)
+    for line, record in zip(lines, records, strict=True):
+        back = openai_chat.to_trajectory(line)
+        assert openai_chat.to_line(back) == line
+        # Lossless for what the format holds: the conversation itself, minus fields it has no place for.
+        plain = [{k: v for k, v in t.items() if k != "logprobs"} for t in record["conversations"]]
+        assert back["conversations"] == plain
+        assert json.loads(back["tools"]) == json.loads(record["tools"])
+
+
+def test_openai_messages_follow_the_chat_format(exported):
+    lines = read_jsonl(exported / "export" / "openai" / "data.jsonl")
+    parallel = next(line for line in lines if line["messages"][0]["content"] == "p-parallel")
+    call = parallel["messages"][1]
+    assert call["role"] == "assistant" and call["reasoning_content"] == "two" and call["content"] == ""
+    assert [c["function"]["arguments"] for c in call["tool_calls"]] == [
+        '{"command": "echo one"}',
+        '{"command": "echo two"}',
+    ]
+    assert [m["role"] for m in parallel["messages"][2:4]] == ["tool", "tool"]
+    assert {m["tool_call_id"] for m in parallel["messages"][2:4]} == {c["id"] for c in call["tool_calls"]}
+    assert all(t["type"] == "function" and "parameters" in t["function"] for t in parallel["tools"])
+
+
+def test_atif_documents_validate_with_the_atif_package(exported):
+    files = sorted((exported / "export" / "atif" / "trajectories").glob("*.json"))
+    assert len(files) == len(batch_records(exported))
+    docs = [atif.Trajectory.model_validate_json(f.read_text()) for f in files]
+    by_prompt = {}
+    for doc in docs:
+        by_prompt.setdefault(doc.steps[0].message, []).append(doc)
+    parallel = by_prompt["p-parallel"][0]
+    agent = parallel.steps[1]
+    assert agent.source == "agent" and agent.reasoning_content == "two"
+    assert [c.arguments for c in agent.tool_calls] == [{"command": "echo one"}, {"command": "echo two"}]
+    assert {r.source_call_id for r in agent.observation.results} == {c.tool_call_id for c in agent.tool_calls}
+    bad = by_prompt["p-badjson"][0].steps[1].tool_calls[0]
+    assert bad.arguments == {} and bad.extra == {"raw_arguments": "{not json"}
+    newer = [d for docs_ in by_prompt.values() for d in docs_ if d.extra.get("verification")]
+    assert newer and all(d.final_metrics.total_cost_usd is not None for d in newer)
+    assert all(s.metrics.logprobs == [-0.25, -1.5] for d in newer for s in d.steps if s.source == "agent")
+    assert all(d.extra["reward"] is not None for d in newer)
+
+
+def test_llama_factory_turns_sit_where_it_requires(exported):
+    export = exported / "export" / "llama_factory"
+    info = json.loads((export / "dataset_info.json").read_text())
+    assert info == {
+        RUN: {
+            "file_name": "data.jsonl",
+            "formatting": "sharegpt",
+            "columns": {"messages": "conversations", "system": "system", "tools": "tools"},
+        }
+    }
+    lines = read_jsonl(export / "data.jsonl")
+    for line in lines:
+        turns = line["conversations"]
+        assert len(turns) % 2 == 0
+        for i, t in enumerate(turns):  # LLaMA-Factory: human/observation at odd positions (1-based), model at even
+            assert t["from"] in (("human", "observation") if i % 2 == 0 else ("gpt", "function_call"))
+        assert all("name" in tool and "parameters" in tool for tool in json.loads(line["tools"]))
+    parallel = next(line["conversations"] for line in lines if line["conversations"][0]["value"] == "p-parallel")
+    call = parallel[1]["value"]
+    assert call.startswith("<think>\ntwo\n</think><tool_call>") and call.endswith("</tool_call>")
+    payload = json.loads(call.split("<tool_call>", 1)[1].removesuffix("</tool_call>"))
+    assert payload == [
+        {"name": "terminal", "arguments": {"command": "echo one"}},
+        {"name": "terminal", "arguments": {"command": "echo two"}},
+    ]
+    assert len(json.loads(parallel[2]["value"])) == 2, "both results in one observation"
+    ctx = next(line["conversations"] for line in lines if line["conversations"][0]["value"] == "p-ctx")
+    assert ctx[-1]["from"] == "function_call", "results nobody answered are dropped so the model's turn ends it"
+
+
+def test_hermes_lines_are_the_original_runners_rendering(exported):
+    lines = read_jsonl(exported / "export" / "hermes" / "data.jsonl")
+    assert set(lines[0]) == {
+        "prompt_index",
+        "conversations",
+        "metadata",
+        "completed",
+        "partial",
+        "api_calls",
+        "toolsets_used",
+        "tool_stats",
+        "tool_error_counts",
+    }
+    parallel = next(line["conversations"] for line in lines if line["conversations"][1]["value"] == "p-parallel")
+    assert parallel[0]["from"] == "system" and "<tools>\n[" in parallel[0]["value"]
+    tools = json.loads(parallel[0]["value"].split("<tools>\n", 1)[1].split("\n</tools>", 1)[0])
+    assert all(set(t) == {"name", "description", "parameters", "required"} for t in tools)
+    gpt = parallel[2]["value"]
+    assert gpt.startswith("<think>\ntwo\n</think>\n<tool_call>\n")
+    calls = [json.loads(block.split("\n</tool_call>")[0]) for block in gpt.split("<tool_call>\n")[1:]]
+    assert calls == [
+        {"name": "terminal", "arguments": {"command": "echo one"}},
+        {"name": "terminal", "arguments": {"command": "echo two"}},
+    ]
+    assert parallel[3]["from"] == "tool" and parallel[3]["value"].count("<tool_response>") == 2
+    response = json.loads(parallel[3]["value"].split("<tool_response>\n")[1].split("\n</tool_response>")[0])
+    assert set(response) == {"tool_call_id", "name", "content"} and isinstance(response["content"], dict)
+    plain = next(line["conversations"] for line in lines if line["conversations"][1]["value"] == "p-default")
+    assert plain[2]["value"].startswith("<think>\n"), "every gpt turn opens with a think block"
+
+
+def test_filters_are_applied_and_counted(exported, tmp_path):
+    run_dir = copy_run(exported, tmp_path)
+    done = export_cli(run_dir, "--export=openai", "--export_completed_only", "--export_min_turns=2")
+    assert_clean_exit(done)
+    records = batch_records(run_dir)
+    report = json.loads((run_dir / "export" / "report.json").read_text())["openai"]
+    not_completed = sum(1 for r in records if not r["completed"])
+    few = sum(1 for r in records if r["completed"] and sum(t["from"] == "gpt" for t in r["conversations"]) < 2)
+    assert report["filtered"] == {"not_completed": not_completed, "too_few_turns": few}
+    assert report["written"] == len(records) - not_completed - few
+    assert len(read_jsonl(run_dir / "export" / "openai" / "data.jsonl")) == report["written"]
+    assert "filtered: " in done.stderr
+
+    done = export_cli(run_dir, "--export=openai", "--export_passed_only", "--export_no_tool_errors")
+    assert_clean_exit(done)
+    report = json.loads((run_dir / "export" / "report.json").read_text())["openai"]
+    kept = [r for r in records if not any(r["tool_error_counts"].values()) and r.get("passed") is True]
+    assert report["written"] == len(kept) > 0, "a re-export replaces the earlier one"
+    assert report["filtered"]["no_verdict"] == sum(
+        1 for r in records if "passed" not in r and not any(r["tool_error_counts"].values())
+    )
+    lines = read_jsonl(run_dir / "export" / "openai" / "data.jsonl")
+    assert lines == [openai_chat.to_line(r) for r in kept]
+
+
+def test_a_killed_run_exports_and_secrets_never_reach_an_export(exported, tmp_path):
+    run_dir = copy_run(exported, tmp_path)
+    secret = "tok-export-0123456789"
+    record = batch_records(run_dir)[0]
+    record["conversations"][0]["value"] += f" (the key is {secret})"
+    with open(run_dir / f"batch_{NEW_BATCH + 1}.jsonl", "w") as f:
+        odd = dict(record, prompt_index=98)
+        odd["conversations"] = [
+            dict(t, value=t["value"] + "\ud800") if t["from"] == "gpt" else t for t in record["conversations"]
+        ]
+        f.write(json.dumps(record) + "\n" + json.dumps(odd) + "\n")  # a lone surrogate, as the endpoint sent it
+        f.write('{"prompt_index": 99, "conversa')  # a kill tore the last line
+    done = export_cli(run_dir, f"--export={ALL}", env={"SOME_SERVICE_TOKEN": secret})
+    assert_clean_exit(done)
+    report = json.loads((run_dir / "export" / "report.json").read_text())
+    assert report["openai"]["source"]["not_json"] == 1
+    for path in (run_dir / "export").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_export_at_the_end_of_every_session(tmp_path):
+    script = {"first": [_thinking("one")], "second": [_thinking("two")]}
+    with ScriptedServer(script=script) as srv:
+        dataset = write_dataset(tmp_path / "ds.jsonl", ["first"])
+        args = [f"--dataset_file={dataset}", "--batch_size=2", "--run_name=sessions", f"--output_dir={tmp_path}"]
+        args += ["--num_workers=1", "--export=openai,parquet"]
+        assert_clean_exit(run_cli(args, tmp_path, srv))
+        out = tmp_path / "sessions" / "export"
+        assert len(read_jsonl(out / "openai" / "data.jsonl")) == 1
+        write_dataset(dataset, ["first", "second"])
+        done = run_cli([*args, "--resume"], tmp_path, srv)
+        assert_clean_exit(done)
+    lines = read_jsonl(out / "openai" / "data.jsonl")
+    assert [line["messages"][0]["content"] for line in lines] == ["first", "second"]
+    assert json.loads((out / "report.json").read_text())["parquet"]["written"] == 2
+    assert "export openai: 2 written" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--export=openai,csv"], "--export: unknown format 'csv'; choose from openai, llama_factory"),
+        (
+            ["--export=openai", "--export_toolsets=web,spreadsheets"],
+            "--export_toolsets: unknown toolset 'spreadsheets'",
+        ),
+        (["--export=openai", "--export_min_turns=-1"], "--export_min_turns must be a whole number"),
+    ],
+)
+def test_bad_export_flags_are_one_line_errors(tmp_path, flags, message):
+    done = run_cli(["--run_name=none", f"--output_dir={tmp_path}", *flags], tmp_path)
+    assert_clean_exit(done, 2)
+    assert done.stderr.startswith(f"error: {message}") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_nothing_to_export_and_a_missing_extra_are_one_line_errors(tmp_path):
+    done = run_cli(["--run_name=none", f"--output_dir={tmp_path}", "--export=openai"], tmp_path)
+    assert_clean_exit(done, 2)
+    assert "nothing to export" in done.stderr and not (tmp_path / "none").exists()
+    blocked = (
+        "import sys; sys.modules['pyarrow'] = None; import batch_runner; "
+        f"sys.argv = ['batch-runner', '--run_name=x', '--output_dir={tmp_path}', '--export=parquet']; batch_runner.cli()"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", blocked], cwd=Path(__file__).parents[1], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: --export=parquet needs pyarrow: pip install 'batch-runner[export]' (from a checkout: pip install -e '.[export]')"
+    )
+
+
+def test_to_openai_messages_keeps_reasoning_apart_from_content():
+    turns = [
+        {"from": "human", "value": "q"},
+        {"from": "gpt", "value": "<think>\nr\n</think>", "tool_calls": [{"id": "a", "name": "t", "arguments": "{}"}]},
+        {"from": "tool", "value": "out", "tool_call_id": "a", "name": "t"},
+        {"from": "gpt", "value": "plain"},
+    ]
+    assert to_openai_messages(turns) == [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "r",
+            "tool_calls": [{"id": "a", "type": "function", "function": {"name": "t", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "out"},
+        {"role": "assistant", "content": "plain"},
+    ]
