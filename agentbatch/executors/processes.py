@@ -142,6 +142,9 @@ class LocalExecutor:
         single = threading.active_count() == 1 and sys.platform == "linux"
         ctx = mp.get_context("fork") if single else self._spawn
         load_tools()  # imported once here, inherited by every forked worker
+        # Whatever exists now lives as long as the run: no collection, here or in a forked worker, need walk it
+        # (nor touch its pages, which the workers share with this process until written).
+        gc.freeze()
         self.workers: list[_Worker] = []
         for _ in range(processes):
             self.workers.append(_Worker(ctx, cfg, threads, self._parent_ends()))
