@@ -4,6 +4,8 @@
     python bench/run_bench.py --only 1,2      # some of them: 1 throughput, 2 memory, 3 CPU, 4 resume, 5 batch vs prompt
     python bench/run_bench.py --only 1b       # only the concurrency-256 throughput run of (1)
     python bench/run_bench.py --only 6        # optional: throughput through Ray (--ray_address=local)
+    python bench/run_bench.py --only 7,8,9,9b # sessions at every size (bench_scale.py): layouts of 32 sessions,
+                                              # fixed overhead, 1,024 sessions, 256 sessions
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -21,14 +23,15 @@ import time
 
 import psutil
 from bench_resume import bench_resume
+from bench_scale import bench_layouts, bench_overhead, bench_sessions
 from bench_scheduling import bench_scheduling
 from common import CALLS_PER_PROMPT, GIB, MIB, OUT, Server, check_all_done, report, run_cli, write_dataset
 
 
-def bench_throughput(results: dict, which: str = "12") -> None:
+def bench_throughput(results: dict, which: set[str]) -> None:
     """(1) wall ÷ N·L/C at 64 and 256 in flight; (2) peak memory at 256."""
     for n, conc in ((1000, 64), (2000, 256)):
-        if conc == 64 and ("1" not in which or "b" in which):  # "1b": the concurrency-256 run only
+        if conc == 64 and "1" not in which:  # "1b": the concurrency-256 run only
             continue
         workers = 2
         with Server(latency=1.0, jitter=0.2) as srv:
@@ -39,7 +42,7 @@ def bench_throughput(results: dict, which: str = "12") -> None:
         check_all_done(name, r, n)
         ideal = n * CALLS_PER_PROMPT * 1.0 / conc
         results[name] = dict(r, ideal=ideal)
-        if "1" in which:
+        if which & {"1", "1b"}:
             ratio = r["wall"] / ideal
             report(
                 results,
@@ -102,13 +105,15 @@ def bench_ray(results: dict, n: int = 1000, conc: int = 64) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="1,2,3,4,5", help="comma-separated benchmark numbers (6 = Ray)")
-    which = parser.parse_args().only.replace(",", "")
+    parser.add_argument(
+        "--only", default="1,2,3,4,5,7,8,9,9b", help="comma-separated benchmark numbers (6 = Ray; 1b, 9b: one run)"
+    )
+    which = {w.strip() for w in parser.parse_args().only.split(",") if w.strip()}
     OUT.mkdir(parents=True, exist_ok=True)
     results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "python": sys.version.split()[0]}
     results["machine"] = {"nproc": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / GIB, 1)}
     print(f"machine: {results['machine']}, Python {results['python']}", flush=True)
-    if "1" in which or "2" in which:
+    if which & {"1", "1b", "2"}:
         bench_throughput(results, which)
     if "3" in which:
         bench_cpu(results)
@@ -118,6 +123,12 @@ def main() -> int:
         bench_scheduling(results)
     if "6" in which:
         bench_ray(results)
+    if "7" in which:
+        bench_layouts(results)
+    if "8" in which:
+        bench_overhead(results)
+    if which & {"9", "9b"}:
+        bench_sessions(results, which)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -44,7 +44,8 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
     # collection walks them all and pauses every thread of the worker (bench/RESULTS.md).
     gc.freeze()
     inbox: queue.SimpleQueue = queue.SimpleQueue()
-    give = threading.Lock()
+    give, count = threading.Lock(), threading.Lock()
+    waiting = [0]  # threads between prompts, each about to take one from the inbox
 
     def run(task: PromptTask) -> bool:
         outcome = run_prompt(task, cfg, clients)
@@ -55,20 +56,15 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
             return False
         return True
 
-    def slot() -> None:
-        while (task := inbox.get()) is not _STOP and run(task):
-            pass
+    def slot(task: PromptTask) -> None:
+        while task is not _STOP and run(task):
+            with count:
+                waiting[0] += 1
+            task = inbox.get()
 
-    pool = []
-    for _ in range(threads):
-        t = threading.Thread(target=slot, daemon=True)
-        try:
-            t.start()
-        except RuntimeError as e:  # the machine gives no more threads: run with fewer, fail no prompt for it
-            print(f"warning: a worker started {len(pool)} of its {threads} threads ({e})", file=sys.stderr)
-            break
-        pool.append(t)
-    # This thread reads the pipe into the inbox, so the parent's sends never wait on a busy slot.
+    pool: list[threading.Thread] = []
+    # This thread reads the pipe into the inbox, so the parent's sends never wait on a busy slot. A thread is
+    # started when a prompt finds none waiting: a run never starts more than it has prompts in flight.
     while True:
         try:
             task = tasks.recv()
@@ -76,10 +72,26 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
             task = _STOP
         if task is _STOP:
             break
-        if pool:
-            inbox.put(task)
-        elif not run(task):  # not even one thread: this one runs the prompts
-            break
+        with count:
+            idle = waiting[0] > 0
+            waiting[0] -= idle
+        if idle or len(pool) >= threads:
+            if pool:
+                inbox.put(task)
+            elif not run(task):  # no thread could be started: this one runs the prompts
+                break
+            continue
+        t = threading.Thread(target=slot, args=(task,), daemon=True)
+        try:
+            t.start()
+            pool.append(t)
+        except RuntimeError as e:  # the machine gives no more threads: run with fewer, fail no prompt for it
+            print(f"warning: a worker runs {len(pool)} of its {threads} threads ({e})", file=sys.stderr)
+            threads = len(pool)
+            if pool:
+                inbox.put(task)
+            elif not run(task):
+                break
     for _ in pool:
         inbox.put(_STOP)
     for t in pool:
