@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
 import sys
 from typing import Any
 
-import fire
-
-from agentbatch import flag_checks, flags
+from agentbatch import command_line, flag_checks, flags
 from agentbatch.dataset import DatasetError
 from agentbatch.errors import FatalError
 from toolset_distributions import UnknownDistribution, format_distributions
@@ -58,13 +57,23 @@ def _fatal(message: str, verbose: Any) -> None:
 def cli() -> None:
     """Entry point of `python batch_runner.py` and the `batch-runner` console script."""
     argv = sys.argv[1:]
-    # main's **unknown (there to name a mistyped flag) would swallow --help as a flag; Fire shows help after "--".
-    if any(a in ("--help", "-h") for a in argv):
-        # Fire writes help to stderr; on stdout `batch-runner --help | less` works as users expect.
-        with contextlib.redirect_stderr(sys.stdout):
-            fire.Fire(main, command=["--", "--help"], name=os.path.basename(sys.argv[0]))
-        return
-    fire.Fire(main, command=flags.quote_text_flags(argv), name=os.path.basename(sys.argv[0]))
+    try:
+        values = command_line.keyword_values(argv)
+        if values is not None:  # the usual command line: read without importing Fire (command_line.py)
+            main(**values)
+            return
+        import fire
+
+        # main's **unknown (there to name a mistyped flag) would swallow --help as a flag; Fire shows help after "--".
+        if any(a in ("--help", "-h") for a in argv):
+            # Fire writes help to stderr; on stdout `batch-runner --help | less` works as users expect.
+            with contextlib.redirect_stderr(sys.stdout):
+                fire.Fire(main, command=["--", "--help"], name=os.path.basename(sys.argv[0]))
+            return
+        fire.Fire(main, command=flags.quote_text_flags(argv), name=os.path.basename(sys.argv[0]))
+    finally:
+        # The interpreter's last collections walked every object of the imported modules: ~0.2 s of the exit.
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -209,8 +209,23 @@ def build_record(
         "tool_stats": stats,
         "tool_error_counts": {name: s["failure"] for name, s in stats.items()},
         "usage": {k: int(usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
-        "tools": json.dumps(tool_schemas, ensure_ascii=False),
+        "tools": _schemas_text(tool_schemas),
     }
+
+
+_SCHEMA_TEXTS: dict[tuple[int, ...], tuple[list[dict], str]] = {}
+
+
+def _schemas_text(tool_schemas: list[dict]) -> str:
+    """The `tools` field: the same few schema lists recur on every line, so each is encoded once per process."""
+    key = tuple(map(id, tool_schemas))
+    hit = _SCHEMA_TEXTS.get(key)
+    if hit is None:
+        if len(_SCHEMA_TEXTS) > 512:  # lists of fresh dicts (not the registry's schemas) must not pile up
+            _SCHEMA_TEXTS.clear()
+        # The list is kept with its text, so the ids in the key stay those of these schemas.
+        hit = _SCHEMA_TEXTS[key] = (list(tool_schemas), json.dumps(tool_schemas, ensure_ascii=False))
+    return hit[1]
 
 
 def first_human(record: dict) -> str | None:

@@ -96,11 +96,17 @@ FLAGS: tuple[Flag, ...] = (
         shown="env",
     ),
     Flag("max_turns", 10, "model calls per prompt", _int(1)),
-    Flag("num_workers", 4, "worker processes", _int(1)),
+    Flag(
+        "num_workers",
+        4,
+        "parallel sessions: a worker runs one prompt at a time, as a thread; the threads share at most one "
+        "process per core (see Scale)",
+        _int(1),
+    ),
     Flag(
         "concurrency",
         None,
-        "prompts in flight over all workers (threads inside each worker; 256 works on 2 cores)",
+        "prompts in flight, when given: overrides --num_workers (1,024 work on 2 cores)",
         _optional(_int(1)),
         shown_default="num_workers",
         kind=int,

@@ -5,14 +5,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
 from agentbatch import flag_checks as check
 from agentbatch import flags, secrets_guard
 from agentbatch.dataset import load_entries
 from agentbatch.errors import FatalError
-from agentbatch.executors.base import Executor, threads_per_worker
+from agentbatch.executors import capacity
+from agentbatch.executors.base import Executor
 from agentbatch.model.client import ModelSettings
 from agentbatch.prompt_runner import RunConfig
 from agentbatch.run_files import RunFiles
@@ -90,7 +91,9 @@ def run(raw: dict[str, Any]) -> int:
         files = RunFiles(os.path.join(f["output_dir"], f["run_name"]), secrets=secrets)
         session = Session(cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"])
         session.dataset_file = f["dataset_file"]
-        code = session.run(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"]))
+        # Made before the session runs: local workers start now, while the runner is still one thread.
+        ex = stack.enter_context(closing(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"])))
+        code = session.run(ex)
     if f["export"]:
         from agentbatch.export import from_flags
 
@@ -105,11 +108,16 @@ def _from_flags(cls: type[T], f: dict[str, Any], **given: Any) -> T:
 
 
 def executor(cfg: RunConfig, num_workers: int, concurrency: int | None, ray_address: str | None) -> Executor:
-    threads = threads_per_worker(concurrency, num_workers)
+    """The executor for `concurrency` (else `num_workers`) sessions: a worker is one session, one prompt at a time."""
+    sessions = concurrency or num_workers
     if ray_address:
         from agentbatch.executors.ray_actors import RayExecutor
 
-        return RayExecutor(cfg, ray_address, num_workers, threads)
+        # A cluster has more cores than this machine: actors of SESSIONS_PER_PROCESS threads, spread over it.
+        plan = capacity.plan(sessions, cores=capacity.MAX_PROCESSES)
+        return RayExecutor(cfg, ray_address, plan.processes, plan.threads)
     from agentbatch.executors.processes import LocalExecutor
 
-    return LocalExecutor(cfg, num_workers, threads)
+    plan = capacity.plan(sessions)
+    capacity.reserve(plan)
+    return LocalExecutor(cfg, plan.processes, plan.threads, plan.sessions)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agentbatch.tools.registry import ALL_TOOL_NAMES
-from trajectory import reasoning_counts
+from trajectory import STOP_REASONS, reasoning_counts
 
 _TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -86,7 +86,11 @@ class RunStats:
             "completed": self.completed,
             "partial": self.partial,
             "max_turns_reached": self.max_turns_reached,
-            "stop_reasons": self.stop_reasons,
+            # In the one order of STOP_REASONS: lines are counted as they finish, in no fixed order.
+            "stop_reasons": {
+                **{k: self.stop_reasons[k] for k in STOP_REASONS if k in self.stop_reasons},
+                **{k: v for k, v in self.stop_reasons.items() if k not in STOP_REASONS},
+            },
             "api_calls": self.api_calls,
             "discarded": self.discarded,
             "discard_reasons": self.discard_reasons,

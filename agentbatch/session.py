@@ -52,6 +52,10 @@ class Session:
         self.started = time.monotonic()
         self.previous = {}
         self._last_checkpoint = 0.0
+        # The merge's statistics: this session's trajectories are counted as they are written, so the merge
+        # at the end copies their lines instead of reading each back (RunFiles.append).
+        self._stats = RunStats()
+        self._kept: Counter = Counter()
 
     def run(self, executor: Executor) -> int:
         files = self.files
@@ -179,7 +183,9 @@ class Session:
     def _record(self, o: PromptOutcome) -> None:
         files = self.files
         if o.status == "done":
-            files.append(files.batch_path(o.batch_num), o.record)
+            if files.append(files.batch_path(o.batch_num), o.record, kept=True):
+                self._stats.add_trajectory(o.record)
+                _count_prompt(o.record, self._kept)
         elif o.status == "discarded":
             files.append(files.path("discarded.jsonl"), dict(o.record, discard_reason=o.error))
         else:
@@ -252,8 +258,7 @@ class Session:
         """Checkpoint, merge, and statistics computed from the files themselves."""
         self.files.close()
         self._checkpoint(state=state)
-        stats = RunStats()
-        kept, discarded = Counter(), Counter()
+        stats, kept, discarded = self._stats, self._kept, Counter()
 
         def on_kept(record: dict) -> None:
             stats.add_trajectory(record)

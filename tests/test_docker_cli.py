@@ -399,9 +399,7 @@ def test_no_container_outlives_a_run_whose_worker_died(tmp_path, docker_images, 
     with ScriptedServer(script={p: scripted(sh("sleep 300")) for p in prompts}) as server:
         proc = start_in_containers(docker_run_name, prompts, args, server, tmp_path / "run.log")
         try:
-            workers = [
-                p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())
-            ]  # not the resource tracker
+            workers = [p for p in psutil.Process(proc.pid).children() if p.name() == "br-worker"]
             assert len(workers) == 1, workers
             workers[0].kill()
             code = proc.wait(timeout=90)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
+from agentbatch.model import transport
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 PROVIDER_SORTS = ("price", "throughput", "latency")
@@ -79,42 +79,46 @@ _CONTEXT_WORDS = ("context_length_exceeded", "maximum context length", "context 
 
 
 class ModelClient:
-    """One client per process, shared by its threads; each thread POSTs through its own connection pool."""
+    """One client per process, shared by its threads; each thread POSTs through its own keep-alive connection."""
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
-        self._ssl = httpx.create_ssl_context()  # loading the CA bundle takes ~25 ms: made once, shared by every pool
-        self._pools = threading.local()
-        self._base = settings.base_url.rstrip("/")
-        self._headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": USER_AGENT}
+        self._origin = transport.Origin.of(settings.base_url)
+        self._proxied = transport.proxied(settings.base_url)
+        self._tls = None  # loading the CA bundle takes ~25 ms: made on the first https call, shared by every thread
+        self._connections = threading.local()
+        self._headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if settings.api_key:
             self._headers["Authorization"] = f"Bearer {settings.api_key}"
         self._rng = random.Random()
         self._lock = threading.Lock()
+        self._encoded: dict[tuple[int, ...], tuple[list[dict], str]] = {}
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, model: str | None = None) -> Reply:
         """One chat completion, by default of the run's model; another `model` (a tool's) gets no reasoning fields."""
         s = self.settings
         body: dict[str, Any] = {"model": model or s.model, "messages": messages}
-        if tools:
-            body["tools"] = tools
         body.update(s.extra_body(main=model is None or model == s.model))
-        return self._call("/chat/completions", body, "choices")
+        return self._call("/chat/completions", body, "choices", tools)
 
     def generate_image(self, request: dict) -> Reply:
         """One images/generations call (OpenAI's images API)."""
         return self._call("/images/generations", request, "data")
 
-    def _call(self, path: str, body: dict, expected: str) -> Reply:
+    def _call(self, path: str, body: dict, expected: str, tools: list[dict] | None = None) -> Reply:
         """POST with retries on 408, 409, 429, 5xx, timeouts, dropped connections and malformed replies."""
         s = self.settings
+        content = json.dumps(body)
+        if tools:  # the same schemas go with every call of a prompt: encoded once per set, not per call
+            content = f'{content[:-1]}, "tools": {self._tools_json(tools)}}}'
+        content = content.encode()
         attempt = 0
         while True:
             try:
                 # Not the openai SDK: its request building (TypedDict walk of every message and tool schema,
                 # options, headers) was most of the runner's CPU per prompt, and importing it took ~0.5 s of
                 # every worker's start (bench/RESULTS.md).
-                return self._post(self._base + path, body, expected)
+                return self._post(path, content, expected)
             except _Status as e:
                 if e.status_code == 400:
                     text = f"{e.code} {e.body_text}".lower()
@@ -131,34 +135,51 @@ class ModelClient:
             time.sleep(delay)
             attempt += 1
 
-    def _post(self, url: str, body: dict, expected: str) -> Reply:
-        """POST the body with httpx; every failure becomes an _AttemptFailed the retry loop sorts."""
+    def _post(self, path: str, content: bytes, expected: str) -> Reply:
+        """POST the JSON body; every failure becomes an _AttemptFailed the retry loop sorts."""
         try:
-            r = self._pool().post(url, content=json.dumps(body).encode(), headers=self._headers)
-        except httpx.TimeoutException as e:
-            raise _AttemptFailed("request timed out") from e
-        except httpx.TransportError as e:
-            raise _AttemptFailed("connection failed or dropped") from e
+            r = self._connection().post(path, content)
+        except transport.TransportError as e:
+            raise _AttemptFailed(str(e)) from e
         if r.status_code >= 400:
             raise _Status(r)
         try:
-            data = r.json()
+            data = _REPLY_DECODER.decode(r.content.decode(json.detect_encoding(r.content)))
         except ValueError as e:  # json.JSONDecodeError, or a body that is not UTF-8
             raise _AttemptFailed(f"malformed reply: {str(e)[:200]}") from e
         if not isinstance(data, dict):
             raise _AttemptFailed("malformed reply: reply is not a JSON object")
         if not data.get(expected):
             raise _AttemptFailed(f"malformed reply: reply has no {expected}")
-        return Reply(data)
+        return data
 
-    def _pool(self) -> httpx.Client:
-        """This thread's connection pool, made on its first call."""
-        # httpcore walks every connection of a pool under its lock on each request and release: one pool shared
-        # by 128 threads serialised them, and its CPU per call grew with concurrency (bench/RESULTS.md).
-        http = getattr(self._pools, "http", None)
-        if http is None:
-            http = self._pools.http = httpx.Client(timeout=self.settings.request_timeout, verify=self._ssl)
-        return http
+    def _tools_json(self, tools: list[dict]) -> str:
+        """The JSON of a list of tool schemas, remembered by the identity of its schemas (the registry's own)."""
+        key = tuple(map(id, tools))
+        hit = self._encoded.get(key)
+        if hit is None:
+            if len(self._encoded) > 512:  # schemas made per call (not the registry's) must not pile up
+                self._encoded.clear()
+            # The list itself is kept, so the ids in the key stay those of these schemas.
+            hit = self._encoded[key] = (list(tools), json.dumps(tools))
+        return hit[1]
+
+    def _connection(self) -> transport.Connection | transport.ProxiedConnection:
+        """This thread's connection, made on its first call."""
+        # One per thread, not a shared pool: a pool shared by 128 threads serialised them on its lock, and
+        # its CPU per call grew with concurrency (bench/RESULTS.md).
+        conn = getattr(self._connections, "conn", None)
+        if conn is None:
+            timeout = self.settings.request_timeout
+            if self._proxied:
+                conn = transport.ProxiedConnection(self._origin, self._headers, timeout)
+            else:
+                if self._origin.scheme == "https" and self._tls is None:
+                    with self._lock:
+                        self._tls = self._tls or transport.ssl_context()
+                conn = transport.Connection(self._origin, self._headers, timeout, self._tls)
+            self._connections.conn = conn
+        return conn
 
     def _delay(self, attempt: int, error: _AttemptFailed) -> float:
         retry_after = _retry_after(error.response) if isinstance(error, _Status) else None
@@ -179,15 +200,17 @@ class Reply(dict):
     __slots__ = ()
 
     def __getattr__(self, key: str) -> Any:
-        return _readable(self.get(key))
+        value = self.get(key)
+        # Replies are parsed with every object a Reply already; a Reply built from plain dicts wraps on access.
+        if type(value) is dict:
+            return Reply(value)
+        if type(value) is list and any(type(v) is dict for v in value):
+            return [Reply(v) if type(v) is dict else v for v in value]
+        return value
 
 
-def _readable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return Reply(value)
-    if isinstance(value, list):
-        return [_readable(v) for v in value]
-    return value
+# One decoder for every reply (json.loads with an object_hook builds a new one per call).
+_REPLY_DECODER = json.JSONDecoder(object_hook=Reply)
 
 
 class _AttemptFailed(Exception):
@@ -197,7 +220,7 @@ class _AttemptFailed(Exception):
 class _Status(_AttemptFailed):
     """An HTTP error status. 408, 409, 429 and 5xx are retried; others fail at once (never the request headers)."""
 
-    def __init__(self, response: httpx.Response):
+    def __init__(self, response: transport.Response):
         self.response = response
         self.status_code = response.status_code
         self.body_text = response.text.strip()
@@ -221,7 +244,7 @@ def _after(e: _AttemptFailed, attempt: int) -> str:
     return f"{e} (after {attempt + 1} attempts)" if attempt else str(e)
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: transport.Response) -> float | None:
     """Seconds the server asked us to wait: retry-after-ms, or Retry-After as seconds or an HTTP date."""
     headers = response.headers
     try:

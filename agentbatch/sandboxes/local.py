@@ -18,16 +18,32 @@ class LocalSandbox:
     """A fresh temporary directory on this machine (or the row's cwd, used as given)."""
 
     def __init__(self, cwd: str | None = None):
-        self._tmp = tempfile.mkdtemp(prefix="br-sandbox-")
-        self.workdir = cwd or self._tmp
         if cwd and not os.path.isdir(cwd):
-            shutil.rmtree(self._tmp, ignore_errors=True)
             raise SandboxError(f"cwd {cwd!r} is not a directory on this machine")
+        self._cwd = cwd
+        # Made when first needed (a command, a written file, a relative path), not for every prompt: creating
+        # and removing a directory per prompt queued 1,024 sessions on the file system (bench/RESULTS.md).
+        self._tmp: str | None = None
         # The tag follows every process the prompt starts, even one that left the process group (setsid).
         self._tag = f"{TAG_VAR}={uuid.uuid4().hex}".encode()
-        self._env = dict(SAFE_ENV, HOME=self._tmp, TMPDIR=self._tmp, PWD=self.workdir)
-        self._env[TAG_VAR] = self._tag.split(b"=", 1)[1].decode()
         self._ran = False  # no command, nothing to hunt for in /proc at cleanup
+
+    @property
+    def tmp(self) -> str:
+        """The prompt's own directory (its HOME and TMPDIR, and its working directory without a cwd)."""
+        if self._tmp is None:
+            self._tmp = tempfile.mkdtemp(prefix="br-sandbox-")
+        return self._tmp
+
+    @property
+    def workdir(self) -> str:
+        return self._cwd or self.tmp
+
+    @property
+    def _env(self) -> dict[str, str]:
+        env = dict(SAFE_ENV, HOME=self.tmp, TMPDIR=self.tmp, PWD=self.workdir)
+        env[TAG_VAR] = self._tag.split(b"=", 1)[1].decode()
+        return env
 
     def exec(self, command: str, timeout: float) -> ExecResult:
         # A new session lets a timeout kill the whole process group, not just the shell.
@@ -57,13 +73,13 @@ class LocalSandbox:
             return ExecResult(out.decode("utf-8", "replace"), -9, timed_out=True)
 
     def read_file(self, path: str) -> bytes:
-        with open(resolve_path(self.workdir, path), "rb") as f:
+        with open(path if os.path.isabs(path) else resolve_path(self.workdir, path), "rb") as f:
             return f.read()
 
     def write_file(self, path: str, data: bytes) -> None:
         full = os.path.realpath(resolve_path(self.workdir, path))
         # The file tools may write only inside the prompt's own directories, never elsewhere on the host.
-        roots = {os.path.realpath(self.workdir), os.path.realpath(self._tmp)}
+        roots = {os.path.realpath(self.workdir), os.path.realpath(self.tmp)}
         if not any(full == r or full.startswith(r + os.sep) for r in roots):
             raise PermissionError(f"{path}: the local sandbox writes only inside its working directory {self.workdir}")
         os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
@@ -73,7 +89,8 @@ class LocalSandbox:
     def cleanup(self) -> None:
         if self._ran:
             _kill_tagged(self._tag)  # background processes the prompt left behind
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -77,7 +77,15 @@ class Tool:
         return TOOLSET_OF[self.name]
 
     def schema(self) -> dict:
-        """The OpenAI function-tool schema."""
+        """The OpenAI function-tool schema: one dict per tool, made once (the model client encodes it once too)."""
+        cached = _SCHEMAS.get(self.name)
+        if cached is not None and cached[0] is self:
+            return cached[1]
+        schema = self._schema()
+        _SCHEMAS[self.name] = (self, schema)
+        return schema
+
+    def _schema(self) -> dict:
         parameters: dict[str, Any] = {"type": "object", "properties": {p.name: p.schema() for p in self.params}}
         required = [p.name for p in self.params if p.required]
         if required:
@@ -105,6 +113,8 @@ class Tool:
 
 
 _REGISTRY: dict[str, Tool] = {}
+_SCHEMAS: dict[str, tuple[Tool, dict]] = {}
+_LOADED: dict[str, Tool] = {}
 
 
 def tool(
@@ -186,18 +196,32 @@ def _convert(p: Param, value: Any) -> Any:
 
 def load_tools() -> dict[str, Tool]:
     """Every tool, by name (the modules that declare them are imported once)."""
-    for module in TOOL_MODULES:
-        importlib.import_module(f"agentbatch.tools.{module}")
-    missing = set(ALL_TOOL_NAMES) - set(_REGISTRY)
-    if missing:
-        raise RuntimeError(f"tools declared in a toolset but by no module: {sorted(missing)}")
-    return {name: _REGISTRY[name] for name in ALL_TOOL_NAMES}
+    if not _LOADED:
+        for module in TOOL_MODULES:
+            importlib.import_module(f"agentbatch.tools.{module}")
+        missing = set(ALL_TOOL_NAMES) - set(_REGISTRY)
+        if missing:
+            raise RuntimeError(f"tools declared in a toolset but by no module: {sorted(missing)}")
+        _LOADED.update((name, _REGISTRY[name]) for name in ALL_TOOL_NAMES)
+    return dict(_LOADED)
 
 
 def offered_tools(toolsets: list[str], settings: ToolSettings) -> list[Tool]:
     """The tools of the sampled toolsets that can work with these settings."""
-    tools = load_tools()
-    return [tools[name] for ts in toolsets for name in TOOLSETS[ts] if tools[name].unavailable(settings) is None]
+    # Asked once per prompt: what a run's settings leave out is worked out once (a check may stat a file).
+    usable = _usable.get(id(settings))
+    if usable is None or usable[0] is not settings:
+        if len(_usable) > 64:
+            _usable.clear()
+        usable = _usable[id(settings)] = (
+            settings,
+            {n: t for n, t in load_tools().items() if t.unavailable(settings) is None},
+        )
+    tools = usable[1]
+    return [tools[name] for ts in toolsets for name in TOOLSETS[ts] if name in tools]
+
+
+_usable: dict[int, tuple[ToolSettings, dict[str, Tool]]] = {}
 
 
 def unavailable_tools(settings: ToolSettings) -> dict[str, str]:

@@ -14,17 +14,19 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urljoin
-
-import httpx
-import lxml.html
-from lxml import etree
 
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import cap_output, tool
 from agentbatch.tools.settings import ToolSettings
 from agentbatch.tools.url_policy import Networks, resolve_url
+
+if TYPE_CHECKING:
+    import httpx
+
+# httpx and lxml are imported by the functions that use them: every run imports this module at start (to
+# know which tools can be offered), and the two took ~0.3 s of it.
 
 MAX_RESULTS = 20  # both Tavily and Brave refuse more per request
 MAX_REDIRECTS = 5
@@ -103,6 +105,8 @@ def web_search(
 
 def _send(method: str, url: str, timeout: float, **kwargs) -> dict:
     """One JSON API call, retrying rate limits, server errors and dropped connections a couple of times."""
+    import httpx
+
     attempts = 3
     for attempt in range(attempts):
         last = attempt == attempts - 1
@@ -171,6 +175,8 @@ def web_extract(ctx: ToolContext, urls: Annotated[list[str], "http(s) URLs of th
 
 def extract_url(url: str, allowed: Networks, timeout: float, limit: int, max_bytes: int) -> dict:
     """Fetch one page and turn it into readable text; failures are reported in the entry, never raised."""
+    import httpx
+
     entry = {"url": url, "final_url": url, "title": "", "content": "", "error": None}
     try:
         final_url, content_type, body = fetch(url, allowed, timeout, max_bytes)
@@ -191,6 +197,8 @@ def fetch(url: str, allowed: Networks, timeout: float, max_bytes: int) -> tuple[
 
     Returns (final URL, content type, body).
     """
+    import httpx
+
     with httpx.Client(timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}) as client:
         for _ in range(MAX_REDIRECTS + 1):
             resp = _connect(client, url, resolve_url(url, allowed))
@@ -215,6 +223,8 @@ def fetch(url: str, allowed: Networks, timeout: float, max_bytes: int) -> tuple[
 
 def _connect(client: httpx.Client, url: str, addresses: list[str]) -> httpx.Response:
     """Send the GET to the first checked address that accepts a connection (a name may resolve to ::1 and 127.0.0.1)."""
+    import httpx
+
     for i, address in enumerate(addresses):
         try:
             return client.send(client.build_request("GET", **_pinned(url, address)), stream=True)
@@ -226,6 +236,8 @@ def _connect(client: httpx.Client, url: str, addresses: list[str]) -> httpx.Resp
 
 def _pinned(url: str, address: str) -> dict:
     """Request arguments that connect to the checked address, so a second DNS answer cannot differ."""
+    import httpx
+
     parsed = httpx.URL(url)
     extensions = {"sni_hostname": parsed.host} if parsed.scheme == "https" else {}
     return {
@@ -262,6 +274,9 @@ def page_text(body: bytes, content_type: str, url: str) -> tuple[str, str]:
 
 def _plain_text(document: str) -> tuple[str, str]:
     """Every visible text node, for pages trafilatura finds no main content in."""
+    import lxml.html
+    from lxml import etree
+
     try:
         tree = lxml.html.fromstring(document)
     except (ValueError, etree.ParserError):
