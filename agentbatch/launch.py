@@ -8,15 +8,15 @@ from contextlib import ExitStack
 from typing import Any
 
 from agentbatch import flag_checks as check
-from agentbatch import flags, secrets_guard
+from agentbatch import flags, process_guard, secrets_guard
 from agentbatch.dataset import load_entries
 from agentbatch.errors import FatalError
 from agentbatch.executors.base import Executor, threads_per_worker
 from agentbatch.model.client import ModelSettings
 from agentbatch.prompt_runner import RunConfig
 from agentbatch.run_files import RunFiles
-from agentbatch.sandboxes.base import SandboxSettings
-from agentbatch.session import Session
+from agentbatch.sandboxes.base import SandboxSettings, owner_labels
+from agentbatch.session import Session, new_session_id
 from agentbatch.tools import settings as tool_settings
 
 
@@ -62,8 +62,14 @@ def run(raw: dict[str, Any]) -> int:
         else:
             base_url, model = check.base_url(f["base_url"]), f["model"]
         key = check.api_key(f["api_key"], base_url, needed=not local)
-        # A sandboxed command running as our user could read the key from /proc/<runner>/cmdline or environ.
+        # A sandboxed command running as our user could read the key from /proc/<runner>/cmdline or environ,
+        # or from our memory: masked there, then the process is made unreadable (after: masking writes to it).
         secrets_guard.hide_from_proc([key])
+        process_guard.forbid_inspection()
+        secrets = (key, *withdrawn.values(), *tools.secrets())
+        secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
+        run_dir = os.path.join(f["output_dir"], f["run_name"])
+        session_id = new_session_id()
         cfg = RunConfig(
             run_name=f["run_name"],
             model=ModelSettings(
@@ -93,11 +99,13 @@ def run(raw: dict[str, Any]) -> int:
             require_reasoning=f["require_reasoning"],
             verbose=f["verbose"],
             log_prefix_chars=f["log_prefix_chars"],
+            secrets=secrets,
+            sandbox_labels=owner_labels(run_dir, session_id),
         )
-        secrets = (key, *withdrawn.values(), *tools.secrets())
-        files = RunFiles(os.path.join(f["output_dir"], f["run_name"]), secrets=secrets)
+        files = RunFiles(run_dir, secrets=secrets)
         session = Session(cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"])
         session.dataset_file = f["dataset_file"]
+        session.session_id = session_id
         return session.run(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"]))
 
 

@@ -13,6 +13,7 @@ import signal
 import threading
 from collections.abc import Iterable, Iterator
 
+from agentbatch import process_guard
 from agentbatch.executors.base import Slots, lost
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
 
@@ -20,6 +21,7 @@ _POLL_SECONDS = 0.5
 
 
 def _worker_main(cfg: RunConfig, tasks: mp.Queue, results: mp.Queue, threads: int) -> None:
+    process_guard.guard_worker(cfg.secrets)  # dies with the runner; memory unreadable; logs redacted
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     clients = Clients.for_config(cfg)  # one connection pool set per thread, shared SSL context
     # The imported modules are tens of thousands of objects that live as long as the process; a full
