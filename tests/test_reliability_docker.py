@@ -76,6 +76,15 @@ def wait_for_container(run_name: str, proc: subprocess.Popen, log) -> dict:
     return found[0]
 
 
+def wait_for_process(container_id: str, command: str) -> None:
+    """Until `command` runs in the container (`docker top`)."""
+    api = docker.from_env().api
+    deadline = time.monotonic() + 60
+    while not any(command in " ".join(row) for row in api.top(container_id).get("Processes") or []):
+        assert time.monotonic() < deadline, f"{command!r} never started in the container"
+        time.sleep(0.2)
+
+
 def tool_result(record: dict) -> dict:
     return json.loads(next(t["value"] for t in record["conversations"] if t["from"] == "tool"))
 
@@ -123,13 +132,14 @@ def test_a_prompt_whose_container_vanishes_mid_command_fails_and_resume_reruns_i
         proc = start(args, server, tmp_path / "run.log")
         try:
             victim = wait_for_container(docker_run_name, proc, tmp_path / "run.log")
+            wait_for_process(victim["Id"], "sleep 300")
             docker.from_env().api.remove_container(victim["Id"], force=True)  # as another program might
             code = proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
         asked = len(server.requests())
-    assert code == 3, (tmp_path / "run.log").read_text()
+    assert code == 3, f"{(tmp_path / 'run.log').read_text()}\n{run.batch_records()}"
     assert not run.batch_records(), "a prompt whose sandbox vanished was saved as a sample"
     [failed] = run.failed()
     assert "was removed while the prompt ran" in failed["error"], failed

@@ -37,6 +37,9 @@ BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_KEPT_OUTPUT = 2 * 1024 * 1024  # bytes kept from each end of a command's output
 KILL_GRACE = 3.0  # seconds the output stream gets to close after its processes were killed
+# A forced removal kills the command before the engine marks its container gone: how long a SIGKILLed
+# command waits for that mark before it counts as killed by something inside the container (OOM, say).
+LOST_SETTLE = 5.0
 _SYMLINK_BIT = 1 << 27  # Go's os.ModeSymlink, as the archive API reports it
 _DIR_BIT = 1 << 31  # Go's os.ModeDir
 
@@ -213,7 +216,7 @@ class DockerSandbox:
             return ExecResult(out.text(), -9, timed_out=True)
         code = self._exit_code(exec_id)
         if code < 0 or code == 137:  # SIGKILLed: by its own doing, or because its container went away
-            self._raise_if_lost()
+            self._raise_if_lost(settle=LOST_SETTLE)
         return ExecResult(out.text(), code)
 
     def _exit_code(self, exec_id: str) -> int:
@@ -229,22 +232,30 @@ class DockerSandbox:
             time.sleep(0.02)
         return -1
 
-    def _raise_if_lost(self, cause: BaseException | None = None) -> None:
-        """Raise SandboxLost if the container was removed or stopped under the prompt (not by us)."""
+    def _raise_if_lost(self, cause: BaseException | None = None, settle: float = 0.0) -> None:
+        """Raise SandboxLost if the container was removed or stopped under the prompt (not by us).
+
+        With `settle`, a container still marked running is looked at again for that long first.
+        """
         short = (self.container_id or "?")[:12]
-        try:
-            state = _client().api.inspect_container(self.container_id).get("State") or {}
-        except docker.errors.NotFound:
-            raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
-        except _ENGINE_ERRORS:
-            return  # the engine cannot say: the caller reports what it saw
-        if state.get("Status") in ("removing", "dead"):
-            raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
-        if not state.get("Running"):
-            raise SandboxLost(
-                f"the sandbox container {short} stopped while the prompt ran "
-                f"({state.get('Status')}, exit code {state.get('ExitCode')})"
-            ) from cause
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                state = _client().api.inspect_container(self.container_id).get("State") or {}
+            except docker.errors.NotFound:
+                raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
+            except _ENGINE_ERRORS:
+                return  # the engine cannot say: the caller reports what it saw
+            if state.get("Status") in ("removing", "dead"):
+                raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
+            if not state.get("Running"):
+                raise SandboxLost(
+                    f"the sandbox container {short} stopped while the prompt ran "
+                    f"({state.get('Status')}, exit code {state.get('ExitCode')})"
+                ) from cause
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
 
     def _kill_session(self, pid: str | None) -> None:
         """Kill every process of the timed-out command's session; all but PID 1 if its PID never arrived."""
