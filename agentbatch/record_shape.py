@@ -17,15 +17,18 @@ _TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
 def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int  # not bool, which is an int too
 
 
 def trajectory_problem(record: Any) -> str | None:
-    """Why a parsed batch or discarded.jsonl line is not a trajectory line, or None when it is one."""
-    if not isinstance(record, dict):
+    """Why a parsed batch or discarded.jsonl line is not a trajectory line, or None when it is one.
+
+    Plain loops and exact type tests: the merge runs this on every line of every batch file.
+    """
+    if type(record) is not dict:
         return "not a JSON object"
     turns = record.get("conversations")
-    if not isinstance(turns, list) or not turns:
+    if type(turns) is not list or not turns:
         return "conversations is not a list of turns"
     for turn in turns:
         problem = _turn_problem(turn)
@@ -34,51 +37,66 @@ def trajectory_problem(record: Any) -> str | None:
     if turns[0]["from"] != "human":
         return "the first turn is not the human prompt"
     for key in ("completed", "partial"):
-        if key in record and not isinstance(record[key], bool):
+        if key in record and type(record[key]) is not bool:
             return f"{key} is not true or false"
     for key in ("prompt_index", "api_calls", "sample_index"):
-        if key in record and not _whole(record[key]):
+        if key in record and type(record[key]) is not int:
             return f"{key} is not a whole number"
     for key in ("stop_reason", "tools", "discard_reason"):
-        if record.get(key) is not None and not isinstance(record[key], str):
+        value = record.get(key)
+        if value is not None and type(value) is not str:
             return f"{key} is not a string"
-    if "metadata" in record and not isinstance(record["metadata"], dict):
+    if "metadata" in record and type(record["metadata"]) is not dict:
         return "metadata is not an object"
-    used = record.get("toolsets_used", [])
-    if not isinstance(used, list) or not all(isinstance(t, str) for t in used):
+    used = record.get("toolsets_used", ())
+    if type(used) is not list and used != ():
         return "toolsets_used is not a list of names"
+    for name in used:
+        if type(name) is not str:
+            return "toolsets_used is not a list of names"
     return _counts_problem(record)
 
 
 def _turn_problem(turn: Any) -> str | None:
-    if not isinstance(turn, dict) or turn.get("from") not in TURN_ROLES or not isinstance(turn.get("value"), str):
+    if type(turn) is not dict or turn.get("from") not in TURN_ROLES or type(turn.get("value")) is not str:
         return "a turn is not {from, value}"
     calls = turn.get("tool_calls")
     if calls is not None:
-        if not isinstance(calls, list):
+        if type(calls) is not list:
             return "tool_calls is not a list"
         for call in calls:
-            if not isinstance(call, dict) or not all(isinstance(call.get(k), str) for k in ("name", "arguments")):
+            if type(call) is not dict or type(call.get("name")) is not str or type(call.get("arguments")) is not str:
                 return "a tool call is not {id, name, arguments} strings"
-            if not isinstance(call.get("id"), str | None):  # lines of older versions may hold a null id
+            call_id = call.get("id")
+            if call_id is not None and type(call_id) is not str:  # lines of older versions may hold a null id
                 return "a tool call id is not a string"
     for key in ("tool_call_id", "name"):
-        if not isinstance(turn.get(key), str | None):
+        value = turn.get(key)
+        if value is not None and type(value) is not str:
             return f"a turn's {key} is not a string"
     return None
 
 
 def _counts_problem(record: dict) -> str | None:
     stats = record.get("tool_stats", {})
-    if not isinstance(stats, dict):
+    if type(stats) is not dict:
         return "tool_stats is not an object"
     for s in stats.values():
-        if not isinstance(s, dict) or not all(_whole(s.get(k, 0)) for k in _COUNTS):
+        if type(s) is not dict:
             return "tool_stats holds something other than counts"
+        for key in _COUNTS:
+            if type(s.get(key, 0)) is not int:
+                return "tool_stats holds something other than counts"
     errors = record.get("tool_error_counts", {})
-    if not isinstance(errors, dict) or not all(_whole(v) for v in errors.values()):
+    if type(errors) is not dict:
         return "tool_error_counts is not an object of counts"
+    for value in errors.values():
+        if type(value) is not int:
+            return "tool_error_counts is not an object of counts"
     usage = record.get("usage", {})
-    if not isinstance(usage, dict) or not all(_whole(usage.get(k, 0)) for k in _TOKENS):
-        return "usage token counts are not whole numbers"
+    if type(usage) is not dict:
+        return "usage is not an object"
+    for key in _TOKENS:
+        if type(usage.get(key, 0)) is not int:
+            return "usage token counts are not whole numbers"
     return None
