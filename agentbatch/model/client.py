@@ -157,6 +157,8 @@ class ModelClient:
             raise _AttemptFailed("request timed out") from e
         except httpx.TransportError as e:
             raise _AttemptFailed("connection failed or dropped") from e
+        except httpx.DecodingError as e:  # a body its Content-Encoding cannot decode
+            raise _AttemptFailed(f"malformed reply: {_short(e)}") from e
         if r.status_code >= 400:
             raise _Status(r, raw, self._redact)
         try:
