@@ -17,8 +17,11 @@ from toolset_distributions import UnknownDistribution, format_distributions
 
 
 def main(**values: Any) -> None:
-    verbose = values.get("verbose", False)
-    logging.basicConfig(level=logging.INFO if verbose is True else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        verbose = flag_checks.boolean("verbose", values.get("verbose", False))
+    except FatalError:
+        verbose = False  # flags.parse names the bad value
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         if flag_checks.boolean("list_distributions", values.get("list_distributions", False)):
             print(format_distributions())
@@ -47,8 +50,8 @@ main.__doc__ = flags.docstring(
 )
 
 
-def _fatal(message: str, verbose: Any) -> None:
-    if verbose is True:
+def _fatal(message: str, verbose: bool) -> None:
+    if verbose:
         logging.exception("fatal")
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)

@@ -159,7 +159,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("docker_cpus", 1.0, "container CPU limit", check.positive_float),
     Flag("docker_pids", 256, "container process limit", _int(1)),
     _t("ray_address", None, "run on a Ray cluster: `local`, `auto` or `ray://host:port`"),
-    Flag("request_timeout", 600.0, "seconds per model call before it is retried", check.positive_float),
+    Flag(
+        "request_timeout",
+        600.0,
+        "seconds a model call may take, connecting to its last byte, before it is retried",
+        check.positive_float,
+    ),
     Flag(
         "max_retries",
         5,

@@ -9,7 +9,7 @@ from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
 from agentbatch import flag_checks as check
-from agentbatch import flags, secrets_guard
+from agentbatch import flags, process_guard, secrets_guard
 from agentbatch.dataset import load_entries
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
@@ -17,8 +17,8 @@ from agentbatch.executors.base import Executor
 from agentbatch.model.client import ModelSettings
 from agentbatch.prompt_runner import RunConfig
 from agentbatch.run_files import RunFiles
-from agentbatch.sandboxes.base import SandboxSettings
-from agentbatch.session import Session
+from agentbatch.sandboxes.base import SandboxSettings, owner_labels
+from agentbatch.session import Session, new_session_id
 from agentbatch.tools import settings as tool_settings
 
 T = TypeVar("T")
@@ -70,8 +70,14 @@ def run(raw: dict[str, Any]) -> int:
         else:
             base_url, model = check.base_url(f["base_url"]), f["model"]
         key = check.api_key(f["api_key"], base_url, needed=not local)
-        # A sandboxed command running as our user could read the key from /proc/<runner>/cmdline or environ.
+        # A sandboxed command running as our user could read the key from /proc/<runner>/cmdline or environ,
+        # or from our memory: masked there, then the process is made unreadable (after: masking writes to it).
         secrets_guard.hide_from_proc([key])
+        process_guard.forbid_inspection()
+        secrets = (key, *withdrawn.values(), *tools.secrets())
+        secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
+        run_dir = os.path.join(f["output_dir"], f["run_name"])
+        session_id = new_session_id()
         cfg = _from_flags(
             RunConfig,
             f,
@@ -86,11 +92,13 @@ def run(raw: dict[str, Any]) -> int:
             ),
             system_prompt=f["ephemeral_system_prompt"],
             prefill=f["prefill_messages_file"] or [],
+            secrets=secrets,
+            sandbox_labels=owner_labels(run_dir, session_id),
         )
-        secrets = (key, *withdrawn.values(), *tools.secrets())
-        files = RunFiles(os.path.join(f["output_dir"], f["run_name"]), secrets=secrets)
+        files = RunFiles(run_dir, secrets=secrets)
         session = Session(cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"])
         session.dataset_file = f["dataset_file"]
+        session.session_id = session_id
         # Made before the session runs: local workers start now, while the runner is still one thread.
         ex = stack.enter_context(closing(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"])))
         code = session.run(ex)

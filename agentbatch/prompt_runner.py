@@ -12,6 +12,7 @@ from agentbatch.agent_loop import run_agent
 from agentbatch.model.client import ModelCallError, ModelClient, ModelSettings
 from agentbatch.model.usage import Usage
 from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
+from agentbatch.secrets_guard import Redactor
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import offered_tools
 from agentbatch.tools.settings import ToolSettings
@@ -32,6 +33,10 @@ class RunConfig:
     require_reasoning: bool = True
     verbose: bool = False
     log_prefix_chars: int = 100
+    # Every credential of the run: redacted from tool results before the endpoint sees them, and from logs.
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+    # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
+    sandbox_labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,9 +96,11 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
     outcome = PromptOutcome(task.index, task.prompt, task.batch_num, "failed")
     ctx = None
     try:
-        spec = SandboxSpec(cfg.sandbox, image=task.image, cwd=task.cwd, run_name=cfg.run_name)
+        spec = SandboxSpec(
+            cfg.sandbox, image=task.image, cwd=task.cwd, run_name=cfg.run_name, labels=dict(cfg.sandbox_labels)
+        )
         sandboxes.prepare(spec)  # before any model call: an unavailable image costs no tokens
-        ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images)
+        ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, redact=Redactor(cfg.secrets))
         tools = offered_tools(task.toolsets, cfg.tools)
         result = run_agent(task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill)
         if ctx.sandbox_error is not None:

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
+import socket
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from agentbatch.errors import FatalError
+from agentbatch.record_shape import trajectory_problem
+from agentbatch.secrets_guard import Redactor
+from agentbatch.surrogates import has_escaped_surrogate, scrub, scrub_json
 from trajectory import first_human, unknown_tools
 
 _BATCH_RE = re.compile(r"^batch_(\d+)\.jsonl$")
+LOCK_NAME = "session.lock"
 
 
 def prompt_key(prompt: str) -> bytes:
@@ -28,6 +35,7 @@ class MergeReport:
 
     kept: int = 0
     not_json: int = 0
+    malformed: int = 0  # valid JSON of another shape than a trajectory line (record_shape.py)
     unknown_tool: int = 0
     bytes_read: int = 0
 
@@ -37,9 +45,9 @@ class RunFiles:
 
     def __init__(self, run_dir: str, secrets: tuple[str, ...] = ()):
         self.dir = run_dir
-        # A very short "key" (tests, local servers) would redact ordinary letters out of every line.
-        self._secrets = tuple(s for s in secrets if s and len(s) >= 8)
+        self.redact = Redactor(secrets)
         self._handles: dict[str, object] = {}
+        self._lock_fd: int | None = None
         # Path → offset → (length, has a tool call) of the lines this session appended and its caller
         # accounted for: the merge copies them as they are instead of reading each back (see append).
         self._accounted: dict[str, dict[int, tuple[int, bool]]] = {}
@@ -61,6 +69,39 @@ class RunFiles:
             os.path.exists(self.path(n)) for n in ("discarded.jsonl", "failed.jsonl", "checkpoint.json")
         )
 
+    def lock(self, session: str, started: str) -> None:
+        """Hold the run directory for this session until it ends: a second session is refused with one line.
+
+        An exclusive flock on session.lock: the kernel drops it when the holder exits, however it dies
+        (kill -9, OOM, power loss), so a stale file never blocks a resume. The file says who holds it.
+        Raises FatalError when another live session holds it, OSError when the directory is unusable.
+        """
+        os.makedirs(self.dir, exist_ok=True)
+        fd = os.open(self.path(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            raise FatalError(
+                f"{self.dir} is in use by another session{holder}; wait for it to end (or stop it), "
+                "then run again with --resume"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        info = {"session": session, "pid": os.getpid(), "host": socket.gethostname(), "started": started}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        """Let the run directory go (the file stays: what it says is only read while someone holds it)."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def prepare(self) -> None:
         """Create the directory and cut torn last lines a kill left in the files we append to."""
         os.makedirs(self.dir, exist_ok=True)
@@ -75,12 +116,11 @@ class RunFiles:
         merge copies the line without parsing it (a merge of this session's lines was ~0.2 ms a line).
         """
         text = _dumps(obj)
-        redacted = self.redact(text)
-        line = redacted + "\n"
+        written = scrub(self.redact(text))  # see _text
+        line = written + "\n"
         f = self._handles.get(path)
         if f is None:
-            # A lone surrogate (a "\ud800" escape from the endpoint) is written back as that JSON escape.
-            f = self._handles[path] = open(path, "a", encoding="utf-8", errors="backslashreplace")
+            f = self._handles[path] = open(path, "a", encoding="utf-8")
         size = os.fstat(f.fileno()).st_size
         try:
             f.write(line)
@@ -93,9 +133,14 @@ class RunFiles:
             with contextlib.suppress(OSError):
                 os.truncate(path, size)
             raise
-        # A redacted line, one with a lone surrogate (written as its escape), or one the merge filters is read
-        # back like any other.
-        if not kept or redacted is not text or not _utf8(text) or unknown_tools(obj.get("conversations") or []):
+        # A redacted line, one with a lone surrogate (written as U+FFFD), or one the merge filters is read back
+        # like any other.
+        if (
+            not kept
+            or written is not text
+            or trajectory_problem(obj) is not None
+            or unknown_tools(obj["conversations"])
+        ):
             return False
         length = os.fstat(f.fileno()).st_size - size
         tools = any(t.get("tool_calls") for t in obj.get("conversations") or [])
@@ -112,20 +157,18 @@ class RunFiles:
             f.close()
         self._handles.clear()
 
-    def redact(self, text: str) -> str:
-        """Last line of defence: no secret is ever written, whatever a tool or endpoint echoed."""
-        for s in self._secrets:
-            if s in text:
-                text = text.replace(s, "[REDACTED]")
-        return text
+    def _text(self, obj: dict, indent: int | None) -> str:
+        """A line as written: no secret, whatever a tool or endpoint echoed, and no lone surrogate, which
+        UTF-8 cannot hold and whose JSON escape would make the whole file unloadable in `datasets`."""
+        return scrub(self.redact(json.dumps(obj, indent=indent, ensure_ascii=False)))
 
     def write_json(self, name: str, obj: dict) -> None:
         """Replace a JSON file atomically (write, fsync, rename)."""
         path = self.path(name)
         tmp = path + ".tmp"
         try:
-            with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
-                f.write(self.redact(json.dumps(obj, indent=2, ensure_ascii=False)) + "\n")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(self._text(obj, 2) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -134,11 +177,13 @@ class RunFiles:
             raise
 
     def read_json(self, name: str) -> dict | None:
+        """A JSON object file; None if it is missing, unreadable or anything but an object."""
         try:
             with open(self.path(name), encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, ValueError):
+                value = json.load(f)
+        except (OSError, ValueError, RecursionError):
             return None
+        return value if isinstance(value, dict) else None
 
     def done_counts(self) -> Counter:
         """Prompt key → how many finished lines (batch files and discards) answer it."""
@@ -161,6 +206,12 @@ class RunFiles:
             if isinstance(line.get("prompt"), str):
                 failed[prompt_key(line["prompt"])] += 1
         return failed
+
+    def discarded_records(self) -> Iterator[dict]:
+        """The lines of discarded.jsonl that are trajectory-shaped (others answer nothing and count nowhere)."""
+        for record in iter_records(self.path("discarded.jsonl")):
+            if trajectory_problem(record) is None:
+                yield record
 
     def merge(self, on_record: Callable[[dict], None] | None = None) -> MergeReport:
         """Write trajectories.jsonl atomically from every batch file in numeric order, filtering bad entries.
@@ -187,16 +238,24 @@ class RunFiles:
             for n in self.batch_numbers():
                 path = self.batch_path(n)
                 for i, (raw, record) in enumerate(_iter_lines(path, report, self._accounted.get(path))):
-                    if record is None:
+                    if record is ACCOUNTED:  # written by this session, checked when it was (see append)
+                        line = raw
+                    elif record is NOT_JSON:
                         report.not_json += 1
-                    elif record is not ACCOUNTED and unknown_tools(record.get("conversations") or []):
+                        continue
+                    elif trajectory_problem(record) is not None:
+                        report.malformed += 1
+                        continue
+                    elif unknown_tools(record["conversations"]):
                         report.unknown_tool += 1
+                        continue
                     else:
-                        if lead is None or (n, i) != lead[:2]:
-                            out.write(raw if raw.endswith(b"\n") else raw + b"\n")
-                        report.kept += 1
-                        if on_record and record is not ACCOUNTED:
+                        line = _merged_line(raw, record)
+                        if on_record:
                             on_record(record)
+                    if lead is None or (n, i) != lead[:2]:
+                        out.write(line if line.endswith(b"\n") else line + b"\n")
+                    report.kept += 1
             out.flush()
             os.fsync(out.fileno())
 
@@ -208,18 +267,31 @@ class RunFiles:
             for i, (offset, raw, record) in enumerate(_lines(path, None, accounted)):
                 if record is ACCOUNTED:
                     found = accounted[offset][1]
+                elif trajectory_problem(record) is not None:
+                    continue
                 else:
-                    turns = (record or {}).get("conversations") or []
+                    turns = record["conversations"]
                     found = any(t.get("tool_calls") for t in turns) and not unknown_tools(turns)
                 if found:
-                    return n, i, raw if raw.endswith(b"\n") else raw + b"\n"
+                    line = raw if record is ACCOUNTED else _merged_line(raw, record)
+                    return n, i, line if line.endswith(b"\n") else line + b"\n"
         return None
+
+
+def _merged_line(raw: bytes, record: dict) -> bytes:
+    """A kept line as trajectories.jsonl gets it: as written, unless it holds a lone surrogate (older versions
+    wrote them as JSON escapes, which make the whole file unloadable), then rewritten without."""
+    if has_escaped_surrogate(raw):
+        return (json.dumps(scrub_json(record), ensure_ascii=False) + "\n").encode("utf-8")
+    return raw if raw.endswith(b"\n") else raw + b"\n"
 
 
 def _count_prompts(path: str, into: Counter, merged_only: bool = False) -> None:
     for record in iter_records(path):
         # A line the merge drops answers nothing: counting it would leave its prompt out of every output.
-        if merged_only and unknown_tools(record.get("conversations") or []):
+        if trajectory_problem(record) is not None:
+            continue
+        if merged_only and unknown_tools(record["conversations"]):
             continue
         prompt = first_human(record)
         if isinstance(prompt, str):
@@ -227,9 +299,9 @@ def _count_prompts(path: str, into: Counter, merged_only: bool = False) -> None:
 
 
 def iter_records(path: str) -> Iterator[dict]:
-    """The JSON objects of a JSONL file, skipping torn or corrupt lines."""
+    """The JSON objects of a JSONL file, skipping torn or corrupt lines and JSON of another kind."""
     for _raw, record in _iter_lines(path, None):
-        if record is not None:
+        if isinstance(record, dict):
             yield record
 
 
@@ -256,23 +328,16 @@ _tools_tokens: dict[str, str] = {}
 ACCOUNTED = types.MappingProxyType({})
 
 
-def _utf8(text: str) -> bool:
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+NOT_JSON = object()  # what _lines yields for a line that does not parse
 
 
-def _iter_lines(path: str, report: MergeReport | None, accounted=None) -> Iterator[tuple[bytes, dict | None]]:
+def _iter_lines(path: str, report: MergeReport | None, accounted=None) -> Iterator[tuple[bytes, object]]:
     for _offset, raw, record in _lines(path, report, accounted):
         yield raw, record
 
 
-def _lines(path: str, report: MergeReport | None, accounted=None) -> Iterator[tuple[int, bytes, dict | None]]:
-    """(offset, line, record or None if not a JSON object) of every non-blank line; ACCOUNTED lines unparsed."""
+def _lines(path: str, report: MergeReport | None, accounted=None) -> Iterator[tuple[int, bytes, object]]:
+    """(offset, line, parsed value or NOT_JSON) of every non-blank line; ACCOUNTED lines are not parsed."""
     try:
         f = open(path, "rb", buffering=1 << 20)  # lines of ~10 KB: a default 8 KB buffer reads each in pieces
     except FileNotFoundError:
@@ -290,9 +355,20 @@ def _lines(path: str, report: MergeReport | None, accounted=None) -> Iterator[tu
                 continue
             try:
                 record = json.loads(raw)
-            except ValueError:
-                record = None
-            yield at, raw, record if isinstance(record, dict) else None
+            except (ValueError, RecursionError):  # not JSON, or nested past any sane depth
+                record = NOT_JSON
+            yield at, raw, record
+
+
+def _lock_holder(fd: int) -> str:
+    """' (pid N on HOST, started T)' from a held lock file; empty if it cannot be read yet."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"null")
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(info, dict):
+        return ""
+    return f" (pid {info.get('pid')} on {info.get('host')}, started {info.get('started')})"
 
 
 def _remove_quietly(path: str) -> None:

@@ -63,7 +63,8 @@ class RunStats:
 
     def add_discarded(self, line: dict) -> None:
         self.discarded += 1
-        reason = line.get("discard_reason") or "unknown"
+        reason = line.get("discard_reason")
+        reason = reason if isinstance(reason, str) and reason else "unknown"
         self.discard_reasons[reason] = self.discard_reasons.get(reason, 0) + 1
         _add_tokens(self.tokens_discarded, line.get("usage"))
 
@@ -110,9 +111,14 @@ class RunStats:
         }
 
 
-def _add_tokens(into: dict[str, int], usage: dict | None) -> None:
+def _add_tokens(into: dict[str, int], usage: object) -> None:
+    """Add a line's token counts; a usage of another shape (a hand-edited or foreign line) adds nothing."""
+    if not isinstance(usage, dict):
+        return
     for k in _TOKEN_KEYS:
-        into[k] += int((usage or {}).get(k) or 0)
+        value = usage.get(k)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            into[k] += value
 
 
 def format_summary(stats: dict) -> str:
@@ -125,7 +131,8 @@ def format_summary(stats: dict) -> str:
         f"  discarded {stats['discarded']}  {stats['discard_reasons'] or ''}".rstrip(),
         f"  failed {stats['prompts']['failed']}  not run {stats['prompts']['not_run']}",
         f"  merge: {stats['merge']['kept']} lines kept, {stats['merge']['filtered_unknown_tool']} filtered for "
-        f"unknown tools, {stats['merge']['filtered_not_json']} not JSON",
+        f"unknown tools, {stats['merge']['filtered_not_json']} not JSON, "
+        f"{stats['merge'].get('filtered_malformed', 0)} not trajectories",
     ]
     r = stats["reasoning"]
     cov = f"{r['coverage']:.1%}" if r["coverage"] is not None else "n/a"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 
@@ -20,6 +22,7 @@ from agentbatch.executors.base import Executor
 from agentbatch.prompt_runner import PromptOutcome, PromptTask, RunConfig, now_iso
 from agentbatch.run_files import RunFiles, iter_records, prompt_key
 from agentbatch.run_statistics import RunStats, format_summary
+from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
 from agentbatch.tools.registry import unavailable_tools
 from toolset_distributions import TOOLSET_OF, Distribution, prompt_rng, sample_toolsets
 from trajectory import first_human
@@ -29,6 +32,19 @@ CHECKPOINT_SECONDS = 2.0
 EXIT_FAILURES = 3
 EXIT_INTERRUPTED = 130
 EXIT_WRITE_FAILED = 2
+
+
+def new_session_id() -> str:
+    """A session's id, unique on every machine and readable: start time, pid and a random part."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class _WriteFailed(Exception):
+    """Writing a file of the run directory failed (disk full, directory gone): not any other OSError."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
 
 
 class Session:
@@ -49,6 +65,7 @@ class Session:
         self.counts = Counter()
         self.distribution = dist.name
         self.dataset_file = ""
+        self.session_id = new_session_id()
         self.started = time.monotonic()
         self.previous = {}
         self._last_checkpoint = 0.0
@@ -58,6 +75,17 @@ class Session:
         self._kept: Counter = Counter()
 
     def run(self, executor: Executor) -> int:
+        """Run the session holding the run directory's lock: one session at a time, whatever else starts."""
+        try:
+            self.files.lock(self.session_id, now_iso())
+        except OSError as e:
+            raise FatalError(f"cannot write to {self.files.dir}: {e.strerror}") from None
+        try:
+            return self._run(executor)
+        finally:
+            self.files.unlock()
+
+    def _run(self, executor: Executor) -> int:
         files = self.files
         if files.has_output() and not self.resume:
             raise FatalError(
@@ -86,7 +114,11 @@ class Session:
             # Nothing left (a finished run resumed): no workers to spawn, only merge and statistics.
             outcomes = executor.run(self._tasks(remaining, first_batch), stop) if remaining else ()
             for outcome in outcomes:
-                self._record(outcome)
+                try:
+                    self._record(outcome)
+                    self._maybe_checkpoint()
+                except OSError as e:
+                    raise _WriteFailed(e) from e
                 bar.update(1)
                 bar.set_postfix(
                     done=self.counts["done"],
@@ -94,7 +126,6 @@ class Session:
                     discarded=self.counts["discarded"],
                     refresh=False,
                 )
-                self._maybe_checkpoint()
         except KeyboardInterrupt:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # quitting at once: a third Ctrl-C must not cut the clean-up
             quitting = True
@@ -105,10 +136,22 @@ class Session:
             files.close()
             print("interrupted at once; run again with --resume to finish", file=sys.stderr)
             return EXIT_INTERRUPTED
-        except OSError as e:  # disk full, directory gone or read-only: stop, keeping what is written
+        except _WriteFailed as e:  # disk full, directory gone or read-only: stop, keeping what is written
             bar.close()
             executor.close()
-            return self._write_failed(e)
+            return self._write_failed(e.error)
+        except Exception as e:  # the executor broke (a worker pipe, a process that cannot start): not the disk
+            bar.close()
+            executor.close()
+            self._reap(kinds, "of the prompts stopped at once")
+            with contextlib.suppress(OSError):
+                self._checkpoint(state="stopped")
+                files.close()
+            raise FatalError(
+                f"the run stopped: its workers failed ({type(e).__name__}: {files.redact(str(e))}); the "
+                f"{sum(self.counts.values())} prompts recorded this session are intact; run again with --resume"
+                " (--verbose shows the traceback)"
+            ) from e
         finally:
             bar.close()
             if not quitting:
@@ -145,9 +188,13 @@ class Session:
 
     def _reap(self, kinds: set[str], whose: str = "left by an earlier session") -> None:
         """Remove what sandboxes of this run left behind: a killed session's, or this one's once no prompt runs."""
+        # This session holds the directory's lock: every sandbox of the directory is either its own (none at
+        # start; finished ones at the end) or a dead session's. Another run's, same --run_name or not, carries
+        # another directory and is never touched.
+        labels = {RUN_DIR_LABEL: owner_labels(self.files.dir, self.session_id)[RUN_DIR_LABEL]}
         for kind in kinds:
             try:
-                n = sandboxes.reap(kind, self.cfg.run_name)
+                n = sandboxes.reap(kind, labels)
             except Exception as e:  # no engine: a run that only may use it must not fail for it
                 log.info("no %s clean-up: %s", kind, e)
                 continue
@@ -225,7 +272,7 @@ class Session:
         return lambda: state["count"] > 0
 
     def _duration(self) -> float:
-        return float(self.previous.get("duration_seconds") or 0.0) + (time.monotonic() - self.started)
+        return _number(self.previous.get("duration_seconds")) + (time.monotonic() - self.started)
 
     def _maybe_checkpoint(self) -> None:
         if time.monotonic() - self._last_checkpoint >= CHECKPOINT_SECONDS:
@@ -247,7 +294,7 @@ class Session:
                 "this_session": dict(self.counts),
                 "batches": batches,
                 "last_batch": batches[-1] if batches else None,
-                "sessions": int(self.previous.get("sessions") or 0) + (1 if state != "running" else 0),
+                "sessions": int(_number(self.previous.get("sessions"))) + (1 if state != "running" else 0),
                 "duration_seconds": round(self._duration(), 3),
                 "updated_at": now_iso(),
             },
@@ -265,7 +312,7 @@ class Session:
             _count_prompt(record, kept)
 
         report = self.files.merge(on_kept)
-        for line in iter_records(self.files.path("discarded.jsonl")):
+        for line in self.files.discarded_records():
             stats.add_discarded(line)
             _count_prompt(line, discarded)
         for line in iter_records(self.files.path("failed.jsonl")):
@@ -280,6 +327,7 @@ class Session:
                 "kept": report.kept,
                 "filtered_unknown_tool": report.unknown_tool,
                 "filtered_not_json": report.not_json,
+                "filtered_malformed": report.malformed,
             },
             duration_seconds=round(self._duration(), 3),
             updated_at=now_iso(),
@@ -301,6 +349,13 @@ class Session:
             out["failed"] += failed
             out["not_run"] += n - done - disc - failed
         return {k: out[k] for k in ("total", "done", "discarded", "failed", "not_run")}
+
+
+def _number(value: object) -> float:
+    """A count from an earlier checkpoint; anything but a finite non-negative number (a hand edit) is 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        return 0.0
+    return float(value)
 
 
 def _count_prompt(record: dict, into: Counter) -> None:

@@ -31,6 +31,10 @@ Reply spec keys (all optional):
 * ``finish_reason``: default "tool_calls" with tool calls, else "stop".
 * ``usage``: dict, default 10 prompt + 5 completion = 15 total tokens.
 * ``latency``: seconds, used exactly (no jitter) instead of the server latency.
+* ``raw``: a string sent verbatim as the 200 reply body instead of a built
+  completion (odd but valid JSON, or not JSON at all).
+* ``trickle_seconds``: the reply body is sent one byte at a time, this many
+  seconds apart (a server that never stops sending but never finishes).
 * ``fault``: "500"/"429"/"400"/any status digits, "context_length", "drop",
   "malformed" or "slow" (``slow_seconds``, default 30, then a normal reply).
   ``fault_times`` (default 1, -1 = always) is how many requests for this
@@ -162,6 +166,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(body)
+
+    def _send_trickle(self, body: bytes, seconds: float):
+        """Send a 200 reply whose body arrives one byte at a time, `seconds` apart."""
+        self._responded = True
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.flush()
+        for i in range(len(body)):
+            if self.server.owner._stopping.wait(seconds):
+                return self._drop()
+            self.wfile.write(body[i : i + 1])
+            self.wfile.flush()
 
     def _send_json(self, status: int, obj, headers: dict | None = None):
         """Send a JSON response."""
@@ -313,19 +331,24 @@ class _Handler(BaseHTTPRequestHandler):
         owner._sleep(float(spec["latency"]) if "latency" in spec else owner.draw_latency())
         if owner._stopping.is_set():
             return self._drop()
-        msg, finish = build_message(spec, turn)
-        self._send_json(
-            200,
-            {
-                "id": f"chatcmpl-scripted-{next(owner._completion_ids)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model") or MODEL_ID,
-                "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
-                "usage": spec.get("usage") or dict(DEFAULT_USAGE),
-                "system_fingerprint": None,
-            },
-        )
+        if "raw" in spec:
+            reply = spec["raw"].encode("utf-8", "surrogatepass")
+        else:
+            msg, finish = build_message(spec, turn)
+            reply = json.dumps(
+                {
+                    "id": f"chatcmpl-scripted-{next(owner._completion_ids)}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model") or MODEL_ID,
+                    "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
+                    "usage": spec.get("usage") or dict(DEFAULT_USAGE),
+                    "system_fingerprint": None,
+                }
+            ).encode()
+        if "trickle_seconds" in spec:
+            return self._send_trickle(reply, float(spec["trickle_seconds"]))
+        self._send_raw(200, reply, "application/json")
 
 
 class ScriptedServer:

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 
+from agentbatch import process_guard
 from agentbatch.executors.base import Slots, lost
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
 from agentbatch.tools.registry import load_tools
@@ -34,6 +35,7 @@ _STOP = None  # the message that tells a worker's threads to finish
 
 def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads: int, inherited=()) -> None:
     """A worker process: `threads` slots, each taking a task, running it and sending its outcome back."""
+    process_guard.guard_worker(cfg.secrets)  # dies with the runner; memory unreadable; logs redacted
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while the parent forked
     for conn in inherited:  # a forked worker's copies of the parent's pipe ends: EOF must mean the parent left

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 import ray
 from ray.exceptions import RayActorError, RayError
 
+from agentbatch import process_guard
 from agentbatch.executors.base import Slots, lost
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
 
@@ -39,6 +40,7 @@ class PromptActor:
     """One Ray worker process running up to max_concurrency prompts on threads."""
 
     def __init__(self, cfg: RunConfig):
+        process_guard.guard_worker(cfg.secrets, die_with_parent=False)  # Ray, not its parent, ends an actor
         self.cfg = cfg
         self.clients = Clients.for_config(cfg)
 

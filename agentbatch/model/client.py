@@ -17,12 +17,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentbatch.model import transport
+from agentbatch.secrets_guard import Redactor
+from agentbatch.surrogates import has_escaped_surrogate, scrub_json
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 PROVIDER_SORTS = ("price", "throughput", "latency")
 USER_AGENT = "batch-runner"
 # The statuses the openai SDK retries besides 5xx: request timeout, conflict (lock timeout), rate limit.
 RETRIED_STATUSES = (408, 409, 429)
+# A reply is one assistant message: even 100k tokens of reasoning and a large file written in a tool call are
+# a few MB. Past these it is a runaway reply, refused before it takes a worker's memory, and retried.
+MAX_REPLY_BYTES = 8 * 1024 * 1024
+MAX_TOOL_CALLS = 128
 
 
 class ModelCallError(Exception):
@@ -93,19 +99,21 @@ class ModelClient:
         self._rng = random.Random()
         self._lock = threading.Lock()
         self._encoded: dict[tuple[int, ...], tuple[list[dict], str]] = {}
+        # An endpoint may echo the Authorization header in an error body: the key is cut out before anything.
+        self._redact = Redactor([settings.api_key])
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, model: str | None = None) -> Reply:
         """One chat completion, by default of the run's model; another `model` (a tool's) gets no reasoning fields."""
         s = self.settings
         body: dict[str, Any] = {"model": model or s.model, "messages": messages}
         body.update(s.extra_body(main=model is None or model == s.model))
-        return self._call("/chat/completions", body, "choices", tools)
+        return self._call("/chat/completions", body, "choices", tools, _check_chat)
 
     def generate_image(self, request: dict) -> Reply:
         """One images/generations call (OpenAI's images API)."""
         return self._call("/images/generations", request, "data")
 
-    def _call(self, path: str, body: dict, expected: str, tools: list[dict] | None = None) -> Reply:
+    def _call(self, path: str, body: dict, expected: str, tools: list[dict] | None = None, check=None) -> Reply:
         """POST with retries on 408, 409, 429, 5xx, timeouts, dropped connections and malformed replies."""
         s = self.settings
         content = json.dumps(body)
@@ -118,7 +126,7 @@ class ModelClient:
                 # Not the openai SDK: its request building (TypedDict walk of every message and tool schema,
                 # options, headers) was most of the runner's CPU per prompt, and importing it took ~0.5 s of
                 # every worker's start (bench/RESULTS.md).
-                return self._post(path, content, expected)
+                return self._post(path, content, expected, check)
             except _Status as e:
                 if e.status_code == 400:
                     text = f"{e.code} {e.body_text}".lower()
@@ -135,22 +143,33 @@ class ModelClient:
             time.sleep(delay)
             attempt += 1
 
-    def _post(self, path: str, content: bytes, expected: str) -> Reply:
-        """POST the JSON body; every failure becomes an _AttemptFailed the retry loop sorts."""
+    def _post(self, path: str, content: bytes, expected: str, check=None) -> Reply:
+        """POST the JSON body; every failure becomes an _AttemptFailed the retry loop sorts.
+
+        The whole call, connecting to the last byte, ends within --request_timeout, and a reply over
+        MAX_REPLY_BYTES is refused as it streams in (transport).
+        """
+        deadline = time.monotonic() + self.settings.request_timeout
         try:
-            r = self._connection().post(path, content)
+            r = self._connection().post(path, content, deadline, MAX_REPLY_BYTES)
+        except transport.BadReply as e:  # too big, or a body its Content-Encoding cannot decode
+            raise _AttemptFailed(f"malformed reply: {e}") from e
         except transport.TransportError as e:
             raise _AttemptFailed(str(e)) from e
         if r.status_code >= 400:
-            raise _Status(r)
+            raise _Status(r, self._redact)
         try:
             data = _REPLY_DECODER.decode(r.content.decode(json.detect_encoding(r.content)))
-        except ValueError as e:  # json.JSONDecodeError, or a body that is not UTF-8
-            raise _AttemptFailed(f"malformed reply: {str(e)[:200]}") from e
+        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past any sane depth
+            raise _AttemptFailed(f"malformed reply: {_short(e)}") from e
         if not isinstance(data, dict):
             raise _AttemptFailed("malformed reply: reply is not a JSON object")
         if not data.get(expected):
             raise _AttemptFailed(f"malformed reply: reply has no {expected}")
+        if has_escaped_surrogate(r.content):
+            scrub_json(data)
+        if check is not None:
+            check(data)
         return data
 
     def _tools_json(self, tools: list[dict]) -> str:
@@ -220,15 +239,16 @@ class _AttemptFailed(Exception):
 class _Status(_AttemptFailed):
     """An HTTP error status. 408, 409, 429 and 5xx are retried; others fail at once (never the request headers)."""
 
-    def __init__(self, response: transport.Response):
+    def __init__(self, response: transport.Response, redact: Redactor):
         self.response = response
         self.status_code = response.status_code
-        self.body_text = response.text.strip()
+        # Redacted before it is cut: a cut first could leave a prefix of the key that redaction misses.
+        self.body_text = redact(response.text.strip())
         self.code = ""
         message = self.body_text
         try:
             body = json.loads(self.body_text)
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         error = body.get("error", body) if isinstance(body, dict) else None
         if isinstance(error, dict):
@@ -238,6 +258,55 @@ class _Status(_AttemptFailed):
             message = error
         self.retryable = self.status_code in RETRIED_STATUSES or self.status_code >= 500
         super().__init__(f"HTTP {self.status_code}: {message[:200]}")
+
+
+def _short(e: Exception) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)[:200]
+
+
+def _check_chat(data: dict) -> None:
+    """Check (and normalise in place) the fields the agent loop reads; raise _AttemptFailed when one is unusable.
+
+    Odd but harmless forms are normalised as before: content as a list of text parts, arguments as an
+    object, a missing or numeric call id. Anything else would fail the prompt after its tokens were spent,
+    so it counts as a malformed reply and is retried.
+    """
+    choices = data["choices"]
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise _AttemptFailed("malformed reply: choices is not a list of objects")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise _AttemptFailed("malformed reply: the choice has no message object")
+    if not isinstance(choices[0].get("finish_reason"), str | None):
+        choices[0]["finish_reason"] = None
+    content = message.get("content")
+    if isinstance(content, list):
+        message["content"] = "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    elif not isinstance(content, str | None):
+        raise _AttemptFailed(f"malformed reply: content is a {type(content).__name__}")
+    calls = message.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise _AttemptFailed("malformed reply: tool_calls is not a list")
+    if len(calls) > MAX_TOOL_CALLS:
+        raise _AttemptFailed(f"malformed reply: {len(calls)} tool calls, over the limit of {MAX_TOOL_CALLS} a reply")
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _AttemptFailed("malformed reply: a tool call without a function name")
+        if isinstance(call.get("id"), int) and not isinstance(call["id"], bool):
+            call["id"] = str(call["id"])
+        elif not isinstance(call.get("id"), str | None):
+            raise _AttemptFailed(f"malformed reply: a tool call id is a {type(call['id']).__name__}")
+        arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, str):
+            try:
+                function["arguments"] = json.dumps(arguments, ensure_ascii=False)
+            except (ValueError, TypeError, RecursionError) as e:
+                raise _AttemptFailed(f"malformed reply: tool call arguments: {_short(e)}") from e
 
 
 def _after(e: _AttemptFailed, attempt: int) -> str:

@@ -30,6 +30,6 @@ def create(spec: SandboxSpec) -> Sandbox:
     return backend(spec.kind).create(spec)
 
 
-def reap(kind: str, run_name: str) -> int:
-    """Remove what sandboxes of this kind left behind for the run; how many."""
-    return backend(kind).reap(run_name)
+def reap(kind: str, labels: dict[str, str]) -> int:
+    """Remove every sandbox of this kind carrying all these labels; how many."""
+    return backend(kind).reap(labels)

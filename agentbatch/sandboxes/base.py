@@ -6,6 +6,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Labels of every sandbox that carries labels (a container): which run directory and which session made it.
+# A session holds its run directory's lock (run_files.RunFiles.lock) while it runs, so once a session has
+# the lock, every sandbox of that directory but its own is a dead session's, and may be removed.
+RUN_DIR_LABEL = "batch_runner.run_dir"
+SESSION_LABEL = "batch_runner.session"
+
 # Only these host variables reach a sandboxed command; everything else (API keys above all) stays out.
 SAFE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -17,6 +23,10 @@ SAFE_ENV = {
 
 class SandboxError(Exception):
     """The environment itself failed (not the command the model ran)."""
+
+
+class SandboxLost(SandboxError):
+    """The sandbox went away under a running prompt (its container removed): the prompt fails, whatever it ran."""
 
 
 @dataclass
@@ -79,10 +89,15 @@ class Backend(Protocol):
     def create(self, spec: SandboxSpec) -> Sandbox:
         """Make the sandbox; the caller must call its cleanup() whatever happens."""
 
-    def reap(self, run_name: str) -> int:
-        """Remove what sandboxes of this run left behind (a killed session's); returns how many."""
+    def reap(self, labels: dict[str, str]) -> int:
+        """Remove every sandbox carrying all these labels (what a dead session left behind); returns how many."""
 
 
 def resolve_path(workdir: str, path: str) -> str:
     """A path as the model gave it, relative paths taken from the working directory."""
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(workdir, path))
+
+
+def owner_labels(run_dir: str, session: str) -> dict[str, str]:
+    """The labels of one session's sandboxes: its run directory (absolute, symlinks resolved) and its id."""
+    return {RUN_DIR_LABEL: os.path.realpath(run_dir), SESSION_LABEL: session}

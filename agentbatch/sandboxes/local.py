@@ -125,6 +125,6 @@ def create(spec: SandboxSpec) -> LocalSandbox:
     return LocalSandbox(spec.cwd)
 
 
-def reap(run_name: str) -> int:
+def reap(labels: dict[str, str]) -> int:
     """Nothing to do: each prompt's processes and directory go with its cleanup."""
     return 0

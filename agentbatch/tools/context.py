@@ -23,8 +23,11 @@ class ToolContext:
         client: ModelClient,
         usage: Usage | None = None,
         image_client: ModelClient | None = None,
+        redact: Callable[[str], str] | None = None,
     ):
         self.settings = settings
+        # Applied to every tool result before the endpoint sees it (secrets_guard.Redactor).
+        self.redact = redact or (lambda text: text)
         self.spec = spec
         self.client = client
         self.image_client = image_client or client

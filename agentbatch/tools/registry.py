@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from agentbatch.sandboxes.base import SandboxLost
+from agentbatch.surrogates import scrub
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.settings import ToolSettings
 from toolset_distributions import ALL_TOOL_NAMES, TOOLSET_OF, TOOLSETS
@@ -235,7 +237,12 @@ def unavailable_tools(settings: ToolSettings) -> dict[str, str]:
 
 
 def call_tool(t: Tool, raw_arguments: str, ctx: ToolContext) -> tuple[str, bool]:
-    """Run a tool on the model's JSON arguments; returns (result JSON string, whether the call succeeded)."""
+    """Run a tool on the model's JSON arguments; returns (result JSON string, whether the call succeeded).
+
+    The result is what the endpoint is sent next: secrets are redacted from it (before any cut, so no
+    prefix of one survives) and lone surrogates replaced. A sandbox that vanished is no tool error: it
+    propagates and fails the prompt.
+    """
     try:
         args = json.loads(raw_arguments or "{}")
         if not isinstance(args, dict):
@@ -246,13 +253,15 @@ def call_tool(t: Tool, raw_arguments: str, ctx: ToolContext) -> tuple[str, bool]
         result = t.function(ctx, **t.arguments(args))
     except ArgumentError as e:
         result = {"error": f"invalid arguments: {e}"}
+    except SandboxLost:
+        raise
     except Exception as e:  # the model's call broke the tool: it sees why and may try again
         result = {"error": f"{type(e).__name__}: {e}"}
     ok = not (isinstance(result, dict) and result.get("error"))
     if isinstance(result, dict):  # cap inside the values so the result stays valid JSON
         limit = ctx.settings.max_output_chars
-        result = {k: cap_output(v, limit) if isinstance(v, str) else v for k, v in result.items()}
-    return json.dumps(result, ensure_ascii=False), ok
+        result = {k: cap_output(ctx.redact(v), limit) if isinstance(v, str) else v for k, v in result.items()}
+    return scrub(ctx.redact(json.dumps(result, ensure_ascii=False))), ok
 
 
 def _short(e: Exception) -> str:

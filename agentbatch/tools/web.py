@@ -104,14 +104,20 @@ def web_search(
 
 
 def _send(method: str, url: str, timeout: float, **kwargs) -> dict:
-    """One JSON API call, retrying rate limits, server errors and dropped connections a couple of times."""
+    """One JSON API call, retrying rate limits, server errors and dropped connections a couple of times.
+
+    Each attempt ends within `timeout` however slowly the service answers (http_deadline).
+    """
     import httpx
+
+    from agentbatch import http_deadline
 
     attempts = 3
     for attempt in range(attempts):
         last = attempt == attempts - 1
         try:
-            resp = httpx.request(method, url, timeout=timeout, **kwargs)
+            with http_deadline.client(timeout=timeout) as client, http_deadline.deadline(timeout):
+                resp = client.request(method, url, **kwargs)
         except httpx.HTTPError as e:
             if last:
                 raise WebError(f"{type(e).__name__}: {e}") from None
@@ -195,11 +201,16 @@ def extract_url(url: str, allowed: Networks, timeout: float, limit: int, max_byt
 def fetch(url: str, allowed: Networks, timeout: float, max_bytes: int) -> tuple[str, str, bytes]:
     """GET url following redirects by hand, so each hop is checked by url_policy before any connection to it.
 
-    Returns (final URL, content type, body).
+    Returns (final URL, content type, body). The whole fetch, every hop and the last byte included, ends
+    within `timeout` (http_deadline): a page trickling a byte a second cannot hold the tool.
     """
-    import httpx
 
-    with httpx.Client(timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}) as client:
+    from agentbatch import http_deadline
+
+    with (
+        http_deadline.client(timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}) as client,
+        http_deadline.deadline(timeout),
+    ):
         for _ in range(MAX_REDIRECTS + 1):
             resp = _connect(client, url, resolve_url(url, allowed))
             with contextlib.closing(resp):
