@@ -9,10 +9,13 @@ from typing import Any
 
 from agentbatch import flag_checks as check
 from agentbatch import flags, secrets_guard
+from agentbatch.budget import BudgetSettings
 from agentbatch.dataset import load_entries
 from agentbatch.errors import FatalError
 from agentbatch.executors.base import Executor, threads_per_worker
-from agentbatch.model.client import ModelSettings
+from agentbatch.limits import PromptLimits
+from agentbatch.model.client import ModelSettings, reports_cost
+from agentbatch.model.usage import Prices
 from agentbatch.prompt_runner import RunConfig
 from agentbatch.run_files import RunFiles
 from agentbatch.sandboxes.base import SandboxSettings
@@ -62,6 +65,12 @@ def run(raw: dict[str, Any]) -> int:
         else:
             base_url, model = check.base_url(f["base_url"]), f["model"]
         key = check.api_key(f["api_key"], base_url, needed=not local)
+        priced = f["price_input"] is not None or f["price_output"] is not None
+        if f["budget_usd"] is not None and not priced and not reports_cost(base_url):
+            raise FatalError(
+                "--budget_usd needs costs: this endpoint does not report them (OpenRouter does); "
+                "give --price_input and --price_output (USD per million tokens)"
+            )
         # A sandboxed command running as our user could read the key from /proc/<runner>/cmdline or environ.
         secrets_guard.hide_from_proc([key])
         cfg = RunConfig(
@@ -78,6 +87,7 @@ def run(raw: dict[str, Any]) -> int:
                 provider_sort=f["provider_sort"],
                 reasoning_effort=f["reasoning_effort"],
                 reasoning_disabled=f["reasoning_disabled"],
+                max_tokens=f["max_tokens"],
             ),
             tools=tools,
             sandbox=SandboxSettings(
@@ -88,6 +98,8 @@ def run(raw: dict[str, Any]) -> int:
                 pids=f["docker_pids"],
             ),
             max_turns=f["max_turns"],
+            limits=PromptLimits(f["prompt_timeout"], f["max_tokens_per_prompt"], f["max_cost_per_prompt"]),
+            prices=Prices(f["price_input"] or 0.0, f["price_output"] or 0.0),
             system_prompt=f["ephemeral_system_prompt"],
             prefill=f["prefill_messages_file"] or [],
             require_reasoning=f["require_reasoning"],
@@ -98,6 +110,12 @@ def run(raw: dict[str, Any]) -> int:
         files = RunFiles(os.path.join(f["output_dir"], f["run_name"]), secrets=secrets)
         session = Session(cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"])
         session.dataset_file = f["dataset_file"]
+        session.budget_settings = BudgetSettings(
+            f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
+        )
+        session.progress_seconds = f["progress_seconds"]
+        session.priced = priced or reports_cost(base_url)
+        session.slots = f["num_workers"] * threads_per_worker(f["concurrency"], f["num_workers"])
         return session.run(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"]))
 
 

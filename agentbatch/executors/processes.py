@@ -13,7 +13,7 @@ import signal
 import threading
 from collections.abc import Iterable, Iterator
 
-from agentbatch.executors.base import Slots, lost
+from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
 
 _POLL_SECONDS = 0.5
@@ -57,15 +57,19 @@ class LocalExecutor:
         self._ctx = mp.get_context("spawn")  # no fork: the parent runs threads (progress bar, signals)
         self._running: Iterator[PromptOutcome] | None = None
 
-    def run(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
-        self._running = self._outcomes(tasks, stop)
+    def run(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
+    ) -> Iterator[PromptOutcome]:
+        self._running = self._outcomes(tasks, stop, admit)
         return self._running
 
     def close(self) -> None:
         if self._running is not None:
             self._running.close()  # its finally shuts the workers down
 
-    def _outcomes(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
+    def _outcomes(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None
+    ) -> Iterator[PromptOutcome]:
         results = self._ctx.Queue()
         workers = [_Worker(self._ctx, self.cfg, results, self.threads) for _ in range(self.num_workers)]
         slots = Slots(self.num_workers, self.threads)
@@ -74,7 +78,7 @@ class LocalExecutor:
         try:
             while True:
                 if not exhausted and not stop.is_set():
-                    exhausted = slots.fill(pending, lambda w, task: workers[w].tasks.put(task))
+                    exhausted = slots.fill(pending, lambda w, task: workers[w].tasks.put(task), admit)
                 if not slots.busy and (exhausted or stop.is_set()):
                     return
                 try:

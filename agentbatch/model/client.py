@@ -12,6 +12,7 @@ import json
 import random
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +34,10 @@ class ContextOverflow(ModelCallError):
     """The conversation no longer fits the model's context window."""
 
 
+class DeadlineReached(ModelCallError):
+    """The prompt's time limit came before the model answered (the call was cut, or no retry fits before it)."""
+
+
 @dataclass
 class ModelSettings:
     """Where and how to call the model; the API key never leaves this object except in the request header."""
@@ -50,6 +55,7 @@ class ModelSettings:
     provider_sort: str | None = None
     reasoning_effort: str | None = None
     reasoning_disabled: bool = False
+    max_tokens: int | None = None  # per call (--max_tokens), sent as the request's max_tokens
 
     def extra_body(self, main: bool = True) -> dict:
         """OpenRouter's `provider` and (for the main model only) `reasoning` request fields, when asked for."""
@@ -66,6 +72,12 @@ class ModelSettings:
         }
         if provider:
             body["provider"] = provider
+        if self.max_tokens:
+            body["max_tokens"] = self.max_tokens
+        if reports_cost(self.base_url):
+            # OpenRouter's usage accounting: the call's cost in `usage.cost`. Only there: api.openai.com
+            # rejects unknown request fields.
+            body["usage"] = {"include": True}
         if not main:
             return body
         if self.reasoning_disabled:
@@ -92,29 +104,41 @@ class ModelClient:
         self._rng = random.Random()
         self._lock = threading.Lock()
 
-    def chat(self, messages: list[dict], tools: list[dict] | None = None, model: str | None = None) -> Reply:
-        """One chat completion, by default of the run's model; another `model` (a tool's) gets no reasoning fields."""
+    def chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        model: str | None = None,
+        deadline: float | None = None,
+    ) -> Reply:
+        """One chat completion, by default of the run's model; another `model` (a tool's) gets no reasoning fields.
+
+        `deadline` (time.monotonic) is the prompt's time limit: the call is cut there (DeadlineReached).
+        """
         s = self.settings
         body: dict[str, Any] = {"model": model or s.model, "messages": messages}
         if tools:
             body["tools"] = tools
         body.update(s.extra_body(main=model is None or model == s.model))
-        return self._call("/chat/completions", body, "choices")
+        return self._call("/chat/completions", body, "choices", deadline)
 
     def generate_image(self, request: dict) -> Reply:
         """One images/generations call (OpenAI's images API)."""
         return self._call("/images/generations", request, "data")
 
-    def _call(self, path: str, body: dict, expected: str) -> Reply:
+    def _call(self, path: str, body: dict, expected: str, deadline: float | None = None) -> Reply:
         """POST with retries on 408, 409, 429, 5xx, timeouts, dropped connections and malformed replies."""
         s = self.settings
         attempt = 0
         while True:
+            timeout = s.request_timeout if deadline is None else min(s.request_timeout, deadline - time.monotonic())
+            if timeout <= 0:
+                raise DeadlineReached("the prompt's time limit was reached before the model answered")
             try:
                 # Not the openai SDK: its request building (TypedDict walk of every message and tool schema,
                 # options, headers) was most of the runner's CPU per prompt, and importing it took ~0.5 s of
                 # every worker's start (bench/RESULTS.md).
-                return self._post(self._base + path, body, expected)
+                return self._post(self._base + path, body, expected, timeout)
             except _Status as e:
                 if e.status_code == 400:
                     text = f"{e.code} {e.body_text}".lower()
@@ -125,16 +149,20 @@ class ModelClient:
                     raise ModelCallError(_after(e, attempt)) from e
                 delay = self._delay(attempt, e)
             except _AttemptFailed as e:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineReached(f"the prompt's time limit cut the model call ({e})") from e
                 if attempt >= s.max_retries:
                     raise ModelCallError(_after(e, attempt)) from e
                 delay = self._delay(attempt, e)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise DeadlineReached("the prompt's time limit comes before the model call could be retried")
             time.sleep(delay)
             attempt += 1
 
-    def _post(self, url: str, body: dict, expected: str) -> Reply:
+    def _post(self, url: str, body: dict, expected: str, timeout: float) -> Reply:
         """POST the body with httpx; every failure becomes an _AttemptFailed the retry loop sorts."""
         try:
-            r = self._pool().post(url, content=json.dumps(body).encode(), headers=self._headers)
+            r = self._pool().post(url, content=json.dumps(body).encode(), headers=self._headers, timeout=timeout)
         except httpx.TimeoutException as e:
             raise _AttemptFailed("request timed out") from e
         except httpx.TransportError as e:
@@ -215,6 +243,12 @@ class _Status(_AttemptFailed):
             message = error
         self.retryable = self.status_code in RETRIED_STATUSES or self.status_code >= 500
         super().__init__(f"HTTP {self.status_code}: {message[:200]}")
+
+
+def reports_cost(base_url: str) -> bool:
+    """Whether the endpoint reports each call's cost (OpenRouter's usage accounting)."""
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    return host == "openrouter.ai" or host.endswith(".openrouter.ai")
 
 
 def _after(e: _AttemptFailed, attempt: int) -> str:

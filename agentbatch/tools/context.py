@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentbatch import sandboxes
+from agentbatch.limits import SessionLimits
 from agentbatch.model.client import ModelClient, Reply
 from agentbatch.model.reasoning import split_reasoning
 from agentbatch.model.usage import Usage
@@ -23,12 +24,15 @@ class ToolContext:
         client: ModelClient,
         usage: Usage | None = None,
         image_client: ModelClient | None = None,
+        limits: SessionLimits | None = None,
     ):
         self.settings = settings
         self.spec = spec
         self.client = client
         self.image_client = image_client or client
-        self.usage = usage or Usage()
+        self.usage = usage if usage is not None else Usage()
+        # The session's deadline and token/cost limits; commands and model calls are cut at the deadline.
+        self.limits = limits or SessionLimits(usage=self.usage)
         self.resources: dict[str, Any] = {}
         # Why the sandbox could not be made: the environment's fault, not the model's, so the prompt fails
         # (and --resume retries it) instead of saving a trajectory of it.
@@ -48,7 +52,7 @@ class ToolContext:
 
     def ask(self, messages: list[dict], model: str) -> str:
         """A model's answer (reasoning left out) through the run's client; ModelCallError when it fails for good."""
-        reply = self.client.chat(messages, model=model)
+        reply = self.client.chat(messages, model=model, deadline=self.limits.deadline)
         self.usage.add(reply.get("usage"))
         _, text = split_reasoning(_first_message(reply))
         return text.strip()
