@@ -147,7 +147,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "concurrency",
         None,
-        "prompts in flight over all workers (threads inside each worker; 256 works on 2 cores)",
+        "most prompts in flight over all workers (threads inside each worker; 256 works on 2 cores); model calls are "
+        "paced below it when the endpoint answers 429 or is overloaded",
         _optional(_int(1)),
         shown_default="num_workers",
         kind=int,

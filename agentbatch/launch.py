@@ -88,6 +88,7 @@ def run(raw: dict[str, Any]) -> int:
                 reasoning_effort=f["reasoning_effort"],
                 reasoning_disabled=f["reasoning_disabled"],
                 max_tokens=f["max_tokens"],
+                workers=f["num_workers"],
             ),
             tools=tools,
             sandbox=SandboxSettings(

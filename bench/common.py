@@ -34,19 +34,27 @@ MIB = 1024**2
 class Server:
     """scripted_server.py in a separate process."""
 
-    def __init__(self, latency: float, jitter: float = 0.0, heavy_tail: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        latency: float,
+        jitter: float = 0.0,
+        heavy_tail: bool = False,
+        seed: int = 0,
+        script: list[dict] | None = None,
+        extra: tuple[str, ...] = (),
+    ):
         OUT.mkdir(parents=True, exist_ok=True)
-        script = OUT / "default_script.json"
-        script.write_text(json.dumps(DEFAULT_SCRIPT))
+        script_file = OUT / f"default_script_{os.getpid()}_{id(self)}.json"
+        script_file.write_text(json.dumps(script or DEFAULT_SCRIPT))
         cmd = [
             sys.executable,
             str(ROOT / "tests" / "scripted_server.py"),
             "--port",
             "0",
             "--default_script",
-            str(script),
+            str(script_file),
         ]
-        cmd += ["--latency", str(latency), "--jitter", str(jitter), "--seed", str(seed)]
+        cmd += ["--latency", str(latency), "--jitter", str(jitter), "--seed", str(seed), *extra]
         if heavy_tail:
             cmd.append("--heavy_tail")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -54,6 +62,14 @@ class Server:
         if not line.startswith("READY "):
             raise RuntimeError(f"scripted server did not start: {line!r}")
         self.base_url = line.split()[1]
+
+    def get(self, path: str) -> dict:
+        """A JSON inspection route of the server (/_rate, /_requests)."""
+        import urllib.request
+
+        root = self.base_url.rsplit("/v1", 1)[0]
+        with urllib.request.urlopen(root + path, timeout=30) as r:
+            return json.loads(r.read())
 
     def cpu_seconds(self) -> float:
         t = psutil.Process(self.proc.pid).cpu_times()
@@ -110,8 +126,19 @@ class TreeSampler(threading.Thread):
         self.join()
 
 
-def run_cli(name: str, dataset: Path, base_url: str, *extra: str, entry: list[str] | None = None) -> dict:
-    """The real CLI in a subprocess: wall time, peak tree RSS, CPU seconds of its processes, statistics."""
+def run_cli(
+    name: str,
+    dataset: Path,
+    base_url: str,
+    *extra: str,
+    entry: list[str] | None = None,
+    retries: int | None = 2,
+    codes: tuple[int, ...] = (0,),
+) -> dict:
+    """The real CLI in a subprocess: wall time, peak tree RSS, CPU seconds of its processes, statistics.
+
+    `retries` None leaves --max_retries at its default, as a new user would; `codes` are the exits accepted.
+    """
     runs = OUT / "runs"
     shutil.rmtree(runs / name, ignore_errors=True)
     cmd = (entry or [sys.executable, str(ROOT / "batch_runner.py")]) + [
@@ -122,7 +149,7 @@ def run_cli(name: str, dataset: Path, base_url: str, *extra: str, entry: list[st
         "--api_key=sk-bench-not-a-real-key",
         "--model=bench-model",
         f"--output_dir={runs}",
-        "--max_retries=2",
+        *([f"--max_retries={retries}"] if retries is not None else []),
         "--seed=1",
         *extra,
     ]
@@ -135,7 +162,7 @@ def run_cli(name: str, dataset: Path, base_url: str, *extra: str, entry: list[st
     wall = time.monotonic() - start
     sampler.stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
+    if proc.returncode not in codes:
         raise RuntimeError(f"{name}: exit {proc.returncode}\n{stderr[-3000:]}")
     stats = json.loads((runs / name / "statistics.json").read_text())
     return {
@@ -143,6 +170,8 @@ def run_cli(name: str, dataset: Path, base_url: str, *extra: str, entry: list[st
         "peak_rss": sampler.peak,
         "peak_procs": sampler.peak_procs,
         "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "exit": proc.returncode,
+        "failed_lines": _lines(runs / name / "failed.jsonl"),
         "prompts": stats["prompts"],
         "api_calls": stats["api_calls"],
         "run_seconds": stats["duration_seconds"],
@@ -150,6 +179,12 @@ def run_cli(name: str, dataset: Path, base_url: str, *extra: str, entry: list[st
         "cpu_others_seen": sum(v for k, v in sampler.cpu.items() if k != proc.pid),
         "loadavg": os.getloadavg(),
     }
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def report(results: dict, key: str, line: str) -> None:

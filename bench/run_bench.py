@@ -4,6 +4,8 @@
     python bench/run_bench.py --only 1,2      # some of them: 1 throughput, 2 memory, 3 CPU, 4 resume, 5 batch vs prompt
     python bench/run_bench.py --only 1b       # only the concurrency-256 throughput run of (1)
     python bench/run_bench.py --only 6        # optional: throughput through Ray (--ray_address=local)
+    python bench/run_bench.py --only 7        # adaptive concurrency against a rate-limited endpoint (7n: no headers)
+    python bench/run_bench.py --only 8        # sandbox starts paced apart, against the engine's best parallelism
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -20,6 +22,7 @@ import sys
 import time
 
 import psutil
+from bench_rate_limit import bench_rate_limit
 from bench_resume import bench_resume
 from bench_scheduling import bench_scheduling
 from common import CALLS_PER_PROMPT, GIB, MIB, OUT, Server, check_all_done, report, run_cli, write_dataset
@@ -118,6 +121,8 @@ def main() -> int:
         bench_scheduling(results)
     if "6" in which:
         bench_ray(results)
+    if "7" in which:
+        bench_rate_limit(results, headers="7n" not in which)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -7,17 +7,18 @@ failure reasons.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import random
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+
+from agentbatch.model.rate_limit import Pacer
+from agentbatch.model.rate_limit import retry_after as _retry_after
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 PROVIDER_SORTS = ("price", "throughput", "latency")
@@ -56,6 +57,8 @@ class ModelSettings:
     reasoning_effort: str | None = None
     reasoning_disabled: bool = False
     max_tokens: int | None = None  # per call (--max_tokens), sent as the request's max_tokens
+    workers: int = 1  # processes calling the endpoint at once, each pacing its share of its rate limit
+    pacing: bool = True  # False sends every call at once, as the runner did before (the benchmarks' baseline)
 
     def extra_body(self, main: bool = True) -> dict:
         """OpenRouter's `provider` and (for the main model only) `reasoning` request fields, when asked for."""
@@ -103,6 +106,8 @@ class ModelClient:
             self._headers["Authorization"] = f"Bearer {settings.api_key}"
         self._rng = random.Random()
         self._lock = threading.Lock()
+        # This process's share of the endpoint's rate limit: the worker processes each pace their own calls.
+        self.pacer = Pacer(share=1 / max(1, settings.workers), enabled=settings.pacing)
 
     def chat(
         self,
@@ -131,14 +136,11 @@ class ModelClient:
         s = self.settings
         attempt = 0
         while True:
-            timeout = s.request_timeout if deadline is None else min(s.request_timeout, deadline - time.monotonic())
-            if timeout <= 0:
-                raise DeadlineReached("the prompt's time limit was reached before the model answered")
             try:
                 # Not the openai SDK: its request building (TypedDict walk of every message and tool schema,
                 # options, headers) was most of the runner's CPU per prompt, and importing it took ~0.5 s of
                 # every worker's start (bench/RESULTS.md).
-                return self._post(self._base + path, body, expected, timeout)
+                return self._post(self._base + path, body, expected, deadline)
             except _Status as e:
                 if e.status_code == 400:
                     text = f"{e.code} {e.body_text}".lower()
@@ -159,14 +161,26 @@ class ModelClient:
             time.sleep(delay)
             attempt += 1
 
-    def _post(self, url: str, body: dict, expected: str, timeout: float) -> Reply:
-        """POST the body with httpx; every failure becomes an _AttemptFailed the retry loop sorts."""
+    def _post(self, url: str, body: dict, expected: str, deadline: float | None) -> Reply:
+        """POST the body with httpx when the pacer says so; every failure becomes an _AttemptFailed the retry loop sorts."""
+        ticket = self.pacer.acquire(deadline)
+        timeout = self.settings.request_timeout
+        if ticket is not None and deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+        if ticket is None or timeout <= 0:
+            if ticket is not None:
+                self.pacer.release(ticket, 0, None)
+            raise DeadlineReached("the prompt's time limit was reached before the model answered")
+        status, headers = 0, None
         try:
             r = self._pool().post(url, content=json.dumps(body).encode(), headers=self._headers, timeout=timeout)
+            status, headers = r.status_code, r.headers
         except httpx.TimeoutException as e:
             raise _AttemptFailed("request timed out") from e
         except httpx.TransportError as e:
             raise _AttemptFailed("connection failed or dropped") from e
+        finally:
+            self.pacer.release(ticket, status, headers)
         if r.status_code >= 400:
             raise _Status(r)
         try:
@@ -189,7 +203,7 @@ class ModelClient:
         return http
 
     def _delay(self, attempt: int, error: _AttemptFailed) -> float:
-        retry_after = _retry_after(error.response) if isinstance(error, _Status) else None
+        retry_after = _retry_after(error.response.headers) if isinstance(error, _Status) else None
         if retry_after is not None:
             return min(retry_after, self.settings.retry_max_delay)
         with self._lock:
@@ -253,21 +267,3 @@ def reports_cost(base_url: str) -> bool:
 
 def _after(e: _AttemptFailed, attempt: int) -> str:
     return f"{e} (after {attempt + 1} attempts)" if attempt else str(e)
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    """Seconds the server asked us to wait: retry-after-ms, or Retry-After as seconds or an HTTP date."""
-    headers = response.headers
-    try:
-        if headers.get("retry-after-ms") is not None:
-            return max(float(headers["retry-after-ms"]) / 1000, 0.0)
-        value = headers.get("retry-after")
-        if value is None:
-            return None
-        try:
-            return max(float(value), 0.0)
-        except ValueError:
-            when = email.utils.parsedate_to_datetime(value)
-            return max((when - datetime.now(when.tzinfo or UTC)).total_seconds(), 0.0)
-    except (TypeError, ValueError, OverflowError):
-        return None
