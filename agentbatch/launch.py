@@ -22,6 +22,9 @@ from agentbatch.sandboxes.base import SandboxSettings
 from agentbatch.session import Session
 from agentbatch.tools import settings as tool_settings
 
+# Containers created at once per core by default: the engine's best parallelism (bench/RESULTS.md, (8)).
+DEFAULT_STARTS_PER_CORE = 2
+
 
 def run(raw: dict[str, Any]) -> int:
     """Check every flag, then run; returns the exit code."""
@@ -97,6 +100,7 @@ def run(raw: dict[str, Any]) -> int:
                 memory=f["docker_memory"],
                 cpus=f["docker_cpus"],
                 pids=f["docker_pids"],
+                starts=sandbox_starts(f["sandbox_starts"], f["num_workers"]),
             ),
             max_turns=f["max_turns"],
             limits=PromptLimits(f["prompt_timeout"], f["max_tokens_per_prompt"], f["max_cost_per_prompt"]),
@@ -118,6 +122,12 @@ def run(raw: dict[str, Any]) -> int:
         session.priced = priced or reports_cost(base_url)
         session.slots = f["num_workers"] * threads_per_worker(f["concurrency"], f["num_workers"])
         return session.run(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"]))
+
+
+def sandbox_starts(total: int | None, num_workers: int) -> int:
+    """Each worker's share of the sandboxes created at once over the run (the default sized to the machine)."""
+    total = total or DEFAULT_STARTS_PER_CORE * (os.cpu_count() or 1)
+    return max(1, -(-total // num_workers))
 
 
 def executor(cfg: RunConfig, num_workers: int, concurrency: int | None, ray_address: str | None) -> Executor:

@@ -85,6 +85,8 @@ class Session:
         )
         if self.budget_settings.active:
             self.budget = Budget(self.budget_settings, spent_in(files))
+            if remaining and not self.budget.may_start(0):  # already spent: no workers to start
+                self.budget.stopped, remaining = True, []
         stop = self._stop = threading.Event()
         interrupted = self._install_sigint(stop)
         bar = self.view = Progress(

@@ -24,6 +24,7 @@ import time
 import psutil
 from bench_rate_limit import bench_rate_limit
 from bench_resume import bench_resume
+from bench_sandbox_starts import bench_sandbox_starts
 from bench_scheduling import bench_scheduling
 from common import CALLS_PER_PROMPT, GIB, MIB, OUT, Server, check_all_done, report, run_cli, write_dataset
 
@@ -123,6 +124,8 @@ def main() -> int:
         bench_ray(results)
     if "7" in which:
         bench_rate_limit(results, headers="7n" not in which)
+    if "8" in which:
+        bench_sandbox_starts(results)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

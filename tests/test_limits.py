@@ -4,6 +4,7 @@ nothing of theirs keeps running."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 
@@ -163,3 +164,51 @@ def test_prompt_timeout_removes_the_container_and_its_command(tmp_path, docker_r
     (record,) = RunDir(tmp_path / "data" / docker_run_name).trajectories()
     assert record["stop_reason"] == "time"
     assert leftover_containers(docker_run_name) == []
+
+
+class CreationWatch:
+    """The engine's create and start events of a run's containers, streamed while it runs (`docker events`)."""
+
+    def __init__(self, run_name: str):
+        import docker
+
+        self.stream = docker.from_env().events(filters={"label": f"batch_runner.run={run_name}"}, decode=True)
+        self.created: dict[str, int] = {}
+        self.started: dict[str, int] = {}
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for e in self.stream:
+                if e.get("Type") == "container" and e.get("Action") in ("create", "start"):
+                    (self.created if e["Action"] == "create" else self.started)[e["id"]] = e["timeNano"]
+        except Exception:  # the stream is closed at the end
+            pass
+
+    def intervals(self, expected: int) -> list[tuple[int, int]]:
+        """(create, start) in ns of each container, once `expected` have started (generous deadline)."""
+        deadline = time.monotonic() + 30
+        while len(self.started) < expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.stream.close()
+        return sorted((t, self.started[c]) for c, t in self.created.items() if c in self.started)
+
+
+@pytest.mark.docker
+def test_sandbox_starts_bounds_the_containers_being_created_at_once(tmp_path, docker_run_name, docker_images):
+    script = {f"docker prompt {i}": [call("echo hi"), thinking("done")] for i in range(6)}
+    write_dataset(tmp_path / "ds.jsonl", list(script))
+    args = ["--dataset_file=ds.jsonl", f"--run_name={docker_run_name}", "--sandbox=docker", "--batch_size=10"]
+    args += [f"--docker_image={docker_images[0]}", "--distribution=terminal_only", "--require_reasoning=false"]
+    args += ["--num_workers=1", "--concurrency=6", "--sandbox_starts=1"]
+    watch = CreationWatch(docker_run_name)
+    with ScriptedServer(script=script) as srv:
+        proc = run_cli(args, tmp_path, srv)
+    assert_clean_exit(proc)
+    assert len(RunDir(tmp_path / "data" / docker_run_name).trajectories()) == 6
+    intervals = watch.intervals(6)
+    assert len(intervals) == 6
+    # One at a time: each container is started before the next one is created, though six prompts ran at once.
+    for (_, started), (created, _) in zip(intervals, intervals[1:], strict=False):
+        assert created >= started, "two containers were being created at once"

@@ -11,6 +11,7 @@ from agentbatch.model.client import ModelClient, Reply
 from agentbatch.model.reasoning import split_reasoning
 from agentbatch.model.usage import Usage
 from agentbatch.sandboxes.base import Sandbox, SandboxError, SandboxSpec
+from agentbatch.sandboxes.starts import start_slot
 from agentbatch.tools.settings import ToolSettings
 
 
@@ -43,11 +44,14 @@ class ToolContext:
     def sandbox(self) -> Sandbox:
         """The prompt's sandbox, created on first use."""
         if self._sandbox is None:
-            try:
-                self._sandbox = sandboxes.create(self.spec)
-            except SandboxError as e:
-                self.sandbox_error = self.sandbox_error or e
-                raise
+            with start_slot(self.spec.settings.starts, self.limits.time_left()) as started:
+                if not started:  # the prompt's time is up: the loop ends it as "time", not as a failure
+                    raise TimeoutError("the prompt's time limit came while its sandbox waited to start")
+                try:
+                    self._sandbox = sandboxes.create(self.spec)
+                except SandboxError as e:
+                    self.sandbox_error = self.sandbox_error or e
+                    raise
         return self._sandbox
 
     def ask(self, messages: list[dict], model: str) -> str:
