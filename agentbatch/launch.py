@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from contextlib import ExitStack
 from typing import Any
 
@@ -92,6 +93,7 @@ def run(raw: dict[str, Any]) -> int:
                 reasoning_disabled=f["reasoning_disabled"],
                 max_tokens=f["max_tokens"],
                 workers=f["num_workers"],
+                pacing_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="br-pacing-")),
             ),
             tools=tools,
             sandbox=SandboxSettings(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from common import Server, report, run_cli, write_dataset
+from common import CALLS_PER_PROMPT, Server, check_all_done, report, run_cli, write_dataset
 
 N, RATE, LATENCY, CONCURRENCY = 400, 50.0, 0.2, 256
 SCRIPT = [{"reasoning": "Nothing to look up.", "content": "Answered: {prompt}"}]
@@ -81,6 +81,33 @@ def bench_rate_limit(results: dict, headers: bool = True) -> None:
         results,
         "rate_limit",
         f"(7{'' if headers else 'n'}) targets (goodput >= 90% of R, 429 <= 10%, no rate failures, wall <= 1.15x): {'met' if ok else 'NOT met'}",
+    )
+
+
+def bench_probe_cost(results: dict, n: int = 2000, conc: int = 256) -> None:
+    """(7p) what the probe costs an endpoint without limits: run (1b) of run_bench.py with pacing on and off."""
+    runs = {}
+    for label, entry in (("pacing off", [sys.executable, __file__, FIXED_CLI]), ("pacing on", None)):
+        with Server(latency=1.0, jitter=0.2) as srv:
+            r = run_cli(
+                f"probe_{label[7:]}",
+                write_dataset(n),
+                srv.base_url,
+                "--num_workers=2",
+                f"--concurrency={conc}",
+                entry=entry,
+            )
+        check_all_done(label, r, n)
+        runs[label] = r
+    ideal = n * CALLS_PER_PROMPT / conc
+    results["probe_cost"] = dict(runs, ideal=ideal)
+    off, on = runs["pacing off"], runs["pacing on"]
+    report(
+        results,
+        "probe_cost",
+        f"(7p) no rate limit, {n} prompts x {CALLS_PER_PROMPT} calls, concurrency {conc}: pacing off {off['wall']:.1f} s "
+        f"({off['wall'] / ideal:.3f} x ideal), pacing on {on['wall']:.1f} s ({on['wall'] / ideal:.3f} x ideal): "
+        f"the probe costs {on['wall'] - off['wall']:+.1f} s",
     )
 
 

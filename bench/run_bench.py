@@ -4,7 +4,8 @@
     python bench/run_bench.py --only 1,2      # some of them: 1 throughput, 2 memory, 3 CPU, 4 resume, 5 batch vs prompt
     python bench/run_bench.py --only 1b       # only the concurrency-256 throughput run of (1)
     python bench/run_bench.py --only 6        # optional: throughput through Ray (--ray_address=local)
-    python bench/run_bench.py --only 7        # adaptive concurrency against a rate-limited endpoint (7n: no headers)
+    python bench/run_bench.py --only 7        # adaptive concurrency against a rate-limited endpoint (7n: no headers;
+                                              # 7p: what the probe costs an endpoint without limits)
     python bench/run_bench.py --only 8        # sandbox starts paced apart, against the engine's best parallelism
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
@@ -22,7 +23,7 @@ import sys
 import time
 
 import psutil
-from bench_rate_limit import bench_rate_limit
+from bench_rate_limit import bench_probe_cost, bench_rate_limit
 from bench_resume import bench_resume
 from bench_sandbox_starts import bench_sandbox_starts
 from bench_scheduling import bench_scheduling
@@ -123,7 +124,10 @@ def main() -> int:
     if "6" in which:
         bench_ray(results)
     if "7" in which:
-        bench_rate_limit(results, headers="7n" not in which)
+        if "p" in which:  # "7p": what the probe costs an endpoint without limits
+            bench_probe_cost(results)
+        else:
+            bench_rate_limit(results, headers="7n" not in which)
     if "8" in which:
         bench_sandbox_starts(results)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))

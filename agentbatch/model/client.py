@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from agentbatch.model.rate_limit import Pacer
+from agentbatch.model.rate_limit import Pacer, shared_limits_path
 from agentbatch.model.rate_limit import retry_after as _retry_after
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
@@ -59,6 +59,7 @@ class ModelSettings:
     max_tokens: int | None = None  # per call (--max_tokens), sent as the request's max_tokens
     workers: int = 1  # processes calling the endpoint at once, each pacing its share of its rate limit
     pacing: bool = True  # False sends every call at once, as the runner did before (the benchmarks' baseline)
+    pacing_dir: str | None = None  # where the workers tell each other an endpoint's rate limit (rate_limit.py)
 
     def extra_body(self, main: bool = True) -> dict:
         """OpenRouter's `provider` and (for the main model only) `reasoning` request fields, when asked for."""
@@ -107,7 +108,11 @@ class ModelClient:
         self._rng = random.Random()
         self._lock = threading.Lock()
         # This process's share of the endpoint's rate limit: the worker processes each pace their own calls.
-        self.pacer = Pacer(share=1 / max(1, settings.workers), enabled=settings.pacing)
+        self.pacer = Pacer(
+            share=1 / max(1, settings.workers),
+            enabled=settings.pacing,
+            shared=shared_limits_path(settings.pacing_dir, self._base),
+        )
 
     def chat(
         self,

@@ -18,7 +18,11 @@ rate grows slowly for a few seconds after a 429, then faster.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import hashlib
+import json
+import os
 import re
 import threading
 import time
@@ -63,9 +67,10 @@ class Limits:
 class Pacer:
     """When each model call of this process may start; shared by the worker's threads."""
 
-    def __init__(self, share: float = 1.0, enabled: bool = True):
+    def __init__(self, share: float = 1.0, enabled: bool = True, shared: str | None = None):
         self.share = share
         self.enabled = enabled
+        self.shared = shared  # a file the workers leave the endpoint's rate in, so a later one need not probe
         self.mode = "probe"  # probe, open (no limit seen) or paced
         self.rate: float | None = None
         lock = threading.Lock()
@@ -78,7 +83,8 @@ class Pacer:
         self._last_cut = float("-inf")
         self._last_update = time.monotonic()
         self._paced_since = 0.0
-        self._successes: deque[float] = deque()  # end times of accepted calls, for the accepted rate
+        # End times of the latest accepted calls, for the accepted rate (bounded: enough for 2,000 calls a second).
+        self._successes: deque[float] = deque(maxlen=4096)
         self._issuer: threading.Thread | None = None
 
     def acquire(self, deadline: float | None = None) -> float | None:
@@ -105,6 +111,10 @@ class Pacer:
         now = time.monotonic()
         with self._cond:
             self._in_flight -= 1
+            if self.mode == "open" and status not in OVERLOADED:
+                if 200 <= status < 300:
+                    self._successes.append(now)
+                return  # no limit seen: nothing to adapt (and no headers to read)
             limits = _limits(headers)
             if status in OVERLOADED:
                 self._back_off(now, ticket, headers, limits)
@@ -128,6 +138,10 @@ class Pacer:
         if self.mode == "probe":
             if self._probe_start is None:
                 self._probe_start = now
+                known = _read_shared(self.shared)
+                if known:  # another worker already found the endpoint's rate: start paced at our share of it
+                    self._pace(now, Limits(known, 0.0, 0.0))
+                    return 0.0
             window = max(1.0, (PROBE_WINDOW + PROBE_GROWTH * (now - self._probe_start)) * self.share)
             return None if self._in_flight < window else 0.01
         if self._permits > 0:
@@ -155,9 +169,13 @@ class Pacer:
     def _pace(self, now: float, limits: Limits | None) -> None:
         self.mode = "paced"
         self._paced_since = now
-        guess = limits.rate * self.share if limits else max(MIN_RATE, float(self._in_flight))
+        if limits:
+            guess = limits.rate * self.share
+        else:  # what the endpoint accepted lately, or half of what is in flight if nothing has come back yet
+            guess = self._accepted_rate(now) or self._in_flight / 2
         self.rate = min(MAX_RATE, max(MIN_RATE, guess))
         self._last_update = now
+        _write_shared(self.shared, limits.rate if limits else self.rate / self.share)
         if self._issuer is None:
             self._issuer = threading.Thread(target=self._issue, name="model-call-pacer", daemon=True)
             self._issuer.start()
@@ -198,6 +216,36 @@ class Pacer:
         while self._successes and self._successes[0] < now - MEASURE_SECONDS:
             self._successes.popleft()
         return len(self._successes) / MEASURE_SECONDS
+
+
+def shared_limits_path(directory: str | None, base_url: str) -> str | None:
+    """The file in `directory` where the workers leave what they learn of this endpoint's rate."""
+    if not directory:
+        return None
+    return os.path.join(directory, hashlib.blake2b(base_url.encode(), digest_size=8).hexdigest() + ".json")
+
+
+def _read_shared(path: str | None) -> float | None:
+    try:
+        with open(path or "", encoding="utf-8") as f:
+            rate = json.load(f).get("rate")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+
+
+def _write_shared(path: str | None, rate: float) -> None:
+    """Leave the endpoint's rate for the other workers (written whole, then renamed: never read half-written)."""
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"rate": rate}, f)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _limits(headers: Mapping[str, str] | None) -> Limits | None:
