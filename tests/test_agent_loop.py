@@ -362,7 +362,7 @@ def test_calls_without_ids_or_with_object_arguments_are_normalised(tmp_path):
     ]
 
     class StandIn:
-        def chat(self, messages, tools=None, model=None):
+        def chat(self, messages, tools=None, model=None, deadline=None):
             return Reply(replies[sum(m["role"] == "assistant" for m in messages)])
 
     ctx = make_ctx(spec=SandboxSpec(cwd=str(tmp_path)))
