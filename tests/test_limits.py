@@ -75,9 +75,7 @@ def test_prompt_timeout_cuts_commands_and_model_calls_and_ends_only_those_prompt
         ],
         "fast": [call("echo fast"), thinking("in time")],
     }
-    start = time.monotonic()
     run_dir, requests, _ = run(tmp_path, script, "--prompt_timeout=3", "--request_timeout=120")
-    assert time.monotonic() - start < 50, "the deadline did not cut the minute-long command and reply"
     assert_none_left(marker)
     records = by_prompt(run_dir)
     assert set(records) == set(script), "a prompt that hit the time limit must still be a trajectory"
@@ -89,6 +87,7 @@ def test_prompt_timeout_cuts_commands_and_model_calls_and_ends_only_those_prompt
     assert len(cut) == 1 and "time limit cut the command" in cut[0]["value"]
     second = [t for t in records["two calls"]["conversations"] if t["from"] == "tool"][1]
     assert "not run" in second["value"] and "second" not in second["value"]
+    # Had the minute-long reply not been cut, it would have answered ("late"): the prompt would say answered.
     assert records["slow model"]["api_calls"] == 2  # the cut call counts: it was made
     # "slow command" never asked the model again after its command was cut.
     assert sum(1 for b in requests if b["messages"][0]["content"] == "slow command") == 1
@@ -157,12 +156,12 @@ def test_prompt_timeout_removes_the_container_and_its_command(tmp_path, docker_r
     args.append(f"--docker_image={docker_images[0]}")
     args += ["--batch_size=10", "--distribution=terminal_only", "--num_workers=1", "--require_reasoning=false"]
     with ScriptedServer(script=script) as srv:
-        start = time.monotonic()
         proc = run_cli(args, tmp_path, srv)
     assert_clean_exit(proc)
-    assert time.monotonic() - start < 90
     (record,) = RunDir(tmp_path / "data" / docker_run_name).trajectories()
     assert record["stop_reason"] == "time"
+    (result,) = [t for t in record["conversations"] if t["from"] == "tool"]
+    assert "time limit cut the command" in result["value"]  # the two-minute sleep was cut, not awaited
     assert leftover_containers(docker_run_name) == []
 
 
