@@ -35,8 +35,9 @@ def to_conversations(messages: list[dict]) -> list[dict]:
     return turns
 
 
-# How a session ended, one value per way (README, "Output"); every trajectory line carries one.
-STOP_REASONS = ("answered", "max_turns", "length", "context", "invalid_tools")
+# How a session ended, one value per way (README, "Output"); every trajectory line carries one. time, tokens
+# and cost are the per-prompt limits; "error" is the stop_reason of a failed attempt's line in failed.jsonl.
+STOP_REASONS = ("answered", "max_turns", "length", "context", "invalid_tools", "time", "tokens", "cost", "error")
 
 
 def with_think_block(reasoning: str, content: str) -> str:
@@ -208,7 +209,11 @@ def build_record(
         "toolsets_used": list(toolsets),
         "tool_stats": stats,
         "tool_error_counts": {name: s["failure"] for name, s in stats.items()},
-        "usage": {k: int(usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+        "usage": {
+            **{k: int(usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+            # Always a float, 0.0 when unknown: `datasets` fixes a column's type from the first lines it reads.
+            "cost": float(usage.get("cost") or 0.0),
+        },
         "tools": _schemas_text(tool_schemas),
     }
 

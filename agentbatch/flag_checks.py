@@ -28,6 +28,12 @@ def positive_float(name: str, value: Any) -> float:
     return float(value)
 
 
+def non_negative_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise FatalError(f"--{name} must be a number ≥ 0, got {value!r}")
+    return float(value)
+
+
 def boolean(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value

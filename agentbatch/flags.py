@@ -97,6 +97,62 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("max_turns", 10, "model calls per prompt", _int(1)),
     Flag(
+        "max_tokens",
+        None,
+        "most tokens a model may write per call (the request's `max_tokens`)",
+        _optional(_int(1)),
+        kind=int,
+    ),
+    Flag(
+        "max_tokens_per_prompt",
+        None,
+        "tokens (prompt + completion, all calls) after which a prompt makes no further model call: `partial`, stop_reason `tokens`",
+        _optional(_int(1)),
+        kind=int,
+    ),
+    Flag(
+        "max_cost_per_prompt",
+        None,
+        "USD after which a prompt makes no further model call: `partial`, stop_reason `cost`",
+        _optional(check.positive_float),
+        kind=float,
+    ),
+    Flag(
+        "prompt_timeout",
+        None,
+        "seconds a prompt may run, tools included; its model call or command is cut then: `partial`, stop_reason `time`",
+        _optional(check.positive_float),
+        kind=float,
+    ),
+    Flag(
+        "price_input",
+        None,
+        "USD per million prompt tokens, for the cost of calls whose endpoint reports none",
+        _optional(check.non_negative_float),
+        kind=float,
+    ),
+    Flag(
+        "price_output",
+        None,
+        "USD per million completion tokens, for the cost of calls whose endpoint reports none",
+        _optional(check.non_negative_float),
+        kind=float,
+    ),
+    Flag(
+        "budget_usd",
+        None,
+        'spend of the whole run, earlier sessions included, past which no new prompt starts (see "Limits, cost and budget")',
+        _optional(check.positive_float),
+        kind=float,
+    ),
+    Flag(
+        "budget_tokens",
+        None,
+        "tokens of the whole run, earlier sessions included, past which no new prompt starts",
+        _optional(_int(1)),
+        kind=int,
+    ),
+    Flag(
         "num_workers",
         4,
         "parallel sessions: a worker runs one prompt at a time, as a thread; the threads share at most one "
@@ -106,15 +162,30 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "concurrency",
         None,
-        "prompts in flight, when given: overrides --num_workers (1,024 work on 2 cores)",
+        "prompts in flight, when given: overrides --num_workers (1,024 work on 2 cores); model calls are paced "
+        "below it when the endpoint answers 429 or is overloaded",
         _optional(_int(1)),
         shown_default="num_workers",
+        kind=int,
+    ),
+    Flag(
+        "sandbox_starts",
+        None,
+        "sandboxes being created at once over all workers (container starts are paced apart from prompts)",
+        _optional(_int(1)),
+        shown_default="2 × cores",
         kind=int,
     ),
     Flag(
         "resume", False, "continue the run: done and discarded prompts are skipped, failed ones re-run", check.boolean
     ),
     Flag("verbose", False, "log every prompt; tracebacks on fatal errors", check.boolean),
+    Flag(
+        "progress_seconds",
+        10.0,
+        "seconds between progress lines when stderr is not a terminal (a terminal gets a live line)",
+        check.positive_float,
+    ),
     Flag(
         "max_samples", None, "only the first N valid dataset entries", _optional(_int(1)), shown_default="all", kind=int
     ),

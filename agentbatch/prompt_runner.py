@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 
 from agentbatch import sandboxes
 from agentbatch.agent_loop import run_agent
+from agentbatch.limits import PromptLimits, SessionLimits
 from agentbatch.model.client import ModelCallError, ModelClient, ModelSettings
-from agentbatch.model.usage import Usage
+from agentbatch.model.usage import Prices, Usage
 from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
 from agentbatch.secrets_guard import Redactor
 from agentbatch.tools.context import ToolContext
@@ -28,6 +29,8 @@ class RunConfig:
     tools: ToolSettings = field(default_factory=ToolSettings)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)
     max_turns: int = 10
+    limits: PromptLimits = field(default_factory=PromptLimits)
+    prices: Prices = field(default_factory=Prices)
     system_prompt: str | None = None
     prefill: list[dict] = field(default_factory=list)
     require_reasoning: bool = True
@@ -92,7 +95,7 @@ def now_iso() -> str:
 def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutcome:
     """Run one prompt; never raises: every problem becomes a failed outcome with its reason."""
     start = time.monotonic()
-    usage = Usage()
+    usage = Usage(prices=cfg.prices)
     outcome = PromptOutcome(task.index, task.prompt, task.batch_num, "failed")
     ctx = None
     try:
@@ -100,7 +103,8 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             cfg.sandbox, image=task.image, cwd=task.cwd, run_name=cfg.run_name, labels=dict(cfg.sandbox_labels)
         )
         sandboxes.prepare(spec)  # before any model call: an unavailable image costs no tokens
-        ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, redact=Redactor(cfg.secrets))
+        limits = SessionLimits(cfg.limits, usage)  # the time limit counts from here, after the image check
+        ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
         tools = offered_tools(task.toolsets, cfg.tools)
         result = run_agent(task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill)
         if ctx.sandbox_error is not None:

@@ -216,8 +216,10 @@ class RunFiles:
     def merge(self, on_record: Callable[[dict], None] | None = None) -> MergeReport:
         """Write trajectories.jsonl atomically from every batch file in numeric order, filtering bad entries.
 
-        One exception to the order: the first entry that calls a tool is written first. `datasets` fixes
-        the schema from the file's first block, and only such an entry shows every field a turn can have.
+        One exception to the order: an entry that calls a tool is written first. `datasets` fixes the schema
+        from the file's first block, and only such an entry shows every field a turn can have; it is taken
+        from the newest batch that has one, whose lines carry every field a line can have (a resumed run
+        may begin with lines written before a field was added).
         """
         report = MergeReport()
         out_path = self.path("trajectories.jsonl")
@@ -260,8 +262,8 @@ class RunFiles:
             os.fsync(out.fileno())
 
     def _first_tool_entry(self) -> tuple[int, int, bytes] | None:
-        """(batch, line position, line) of the first entry the merge keeps that has a tool call."""
-        for n in self.batch_numbers():
+        """(batch, line position, line) of the first kept entry with a tool call in the newest batch holding one."""
+        for n in reversed(self.batch_numbers()):
             path = self.batch_path(n)
             accounted = self._accounted.get(path)
             for i, (offset, raw, record) in enumerate(_lines(path, None, accounted)):

@@ -13,12 +13,12 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 
-from tqdm import tqdm
-
 from agentbatch import sandboxes
+from agentbatch.budget import Budget, BudgetSettings, spent_in
 from agentbatch.dataset import Entry
 from agentbatch.errors import FatalError
 from agentbatch.executors.base import Executor
+from agentbatch.progress import Progress
 from agentbatch.prompt_runner import PromptOutcome, PromptTask, RunConfig, now_iso
 from agentbatch.run_files import RunFiles, iter_records, prompt_key
 from agentbatch.run_statistics import RunStats, format_summary
@@ -32,6 +32,7 @@ CHECKPOINT_SECONDS = 2.0
 EXIT_FAILURES = 3
 EXIT_INTERRUPTED = 130
 EXIT_WRITE_FAILED = 2
+EXIT_BUDGET = 4
 
 
 def new_session_id() -> str:
@@ -73,6 +74,14 @@ class Session:
         # at the end copies their lines instead of reading each back (RunFiles.append).
         self._stats = RunStats()
         self._kept: Counter = Counter()
+        self.budget_settings = BudgetSettings()
+        self.budget: Budget | None = None
+        self.progress_seconds = 10.0
+        self.slots = 1  # prompts the executor runs at once, for the ETA
+        self.priced = False  # costs are known (prices given, or an endpoint that reports them)
+        self.view: Progress | None = None
+        self._tasks_started: dict[int, PromptTask] = {}
+        self._stop: threading.Event | None = None
 
     def run(self, executor: Executor) -> int:
         """Run the session holding the run directory's lock: one session at a time, whatever else starts."""
@@ -106,26 +115,28 @@ class Session:
             f"{len(remaining)} to run -> {files.dir}",
             file=sys.stderr,
         )
-        stop = threading.Event()
+        if self.budget_settings.active:
+            self.budget = Budget(self.budget_settings, spent_in(files))
+            if remaining and not self.budget.may_start(0):  # already spent: no workers to start
+                self.budget.stopped, remaining = True, []
+        stop = self._stop = threading.Event()
         interrupted = self._install_sigint(stop)
-        bar = tqdm(total=len(remaining), unit="prompt", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
+        bar = self.view = Progress(
+            len(remaining), sys.stderr, self.progress_seconds, self.slots, self.budget, self.priced
+        )
         quitting = False
         try:
             # Nothing left (a finished run resumed): no workers to spawn, only merge and statistics.
-            outcomes = executor.run(self._tasks(remaining, first_batch), stop) if remaining else ()
+            admit = self._admit if self.budget is not None else None
+            outcomes = executor.run(self._tasks(remaining, first_batch), stop, admit) if remaining else ()
+            if remaining:
+                bar.start()
             for outcome in outcomes:
                 try:
                     self._record(outcome)
                     self._maybe_checkpoint()
                 except OSError as e:
                     raise _WriteFailed(e) from e
-                bar.update(1)
-                bar.set_postfix(
-                    done=self.counts["done"],
-                    failed=self.counts["failed"],
-                    discarded=self.counts["discarded"],
-                    refresh=False,
-                )
         except KeyboardInterrupt:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # quitting at once: a third Ctrl-C must not cut the clean-up
             quitting = True
@@ -153,19 +164,28 @@ class Session:
                 " (--verbose shows the traceback)"
             ) from e
         finally:
-            bar.close()
             if not quitting:
+                bar.close()
                 signal.signal(signal.SIGINT, signal.default_int_handler)
         # Prompts remove their own sandboxes; these are a dead worker's, or ones whose removal failed.
         self._reap(kinds, "that outlived their prompts")
+        budget_stopped = self.budget is not None and self.budget.stopped and not interrupted()
+        state = "interrupted" if interrupted() else "budget_spent" if budget_stopped else "finished"
         try:
-            stats = self._finish(state="interrupted" if interrupted() else "finished")
+            stats = self._finish(state=state)
         except OSError as e:
             return self._write_failed(e)
         print(format_summary(stats))
         if interrupted():
             print("stopped by Ctrl-C; run again with --resume to finish", file=sys.stderr)
             return EXIT_INTERRUPTED
+        if budget_stopped and stats["prompts"]["not_run"]:
+            print(
+                f"budget reached ({self.budget.describe()}): {stats['prompts']['not_run']} prompts not run; "
+                "--resume with a larger budget runs them",
+                file=sys.stderr,
+            )
+            return EXIT_BUDGET
         if stats["prompts"]["failed"]:
             print(
                 f"{stats['prompts']['failed']} prompts failed (see failed.jsonl); --resume re-runs them",
@@ -225,10 +245,24 @@ class Session:
     def _tasks(self, remaining: list[tuple[int, Entry]], first_batch: int) -> Iterator[PromptTask]:
         for j, (i, e) in enumerate(remaining):
             toolsets = sample_toolsets(self.dist, prompt_rng(self.seed, i))
-            yield PromptTask(i, e.prompt, first_batch + j // self.batch_size, toolsets, e.image, e.cwd)
+            task = PromptTask(i, e.prompt, first_batch + j // self.batch_size, toolsets, e.image, e.cwd)
+            self._tasks_started[task.index] = task
+            self.view.started(task.index)
+            yield task
+
+    def _admit(self) -> bool:
+        """Whether the budget lets one more prompt start; once nothing runs and none may, the session stops."""
+        in_flight = len(self._tasks_started)
+        if self.budget.may_start(in_flight):
+            return True
+        if in_flight == 0:
+            self.budget.stopped = True
+            self._stop.set()
+        return False
 
     def _record(self, o: PromptOutcome) -> None:
         files = self.files
+        task = self._tasks_started.pop(o.index, None)
         if o.status == "done":
             if files.append(files.batch_path(o.batch_num), o.record, kept=True):
                 self._stats.add_trajectory(o.record)
@@ -245,14 +279,19 @@ class Session:
                     "timestamp": now_iso(),
                     "batch_num": o.batch_num,
                     "usage": o.usage,
+                    "stop_reason": "error",
+                    "model": self.cfg.model.model,
+                    "toolsets_used": list(task.toolsets) if task else [],
                 },
             )
         self.counts[o.status] += 1
+        if self.budget is not None:
+            self.budget.add(o.usage)
+        self.view.finished(o.index, o.status, o.seconds, o.usage)
         if self.cfg.verbose:
             preview = o.prompt[: self.cfg.log_prefix_chars].replace("\n", " ")
-            log.info(
-                "prompt %d %s (%.1f s): %s%s", o.index, o.status, o.seconds, preview, f" — {o.error}" if o.error else ""
-            )
+            error = f" — {o.error}" if o.error else ""
+            self.view.message(f"INFO prompt {o.index} {o.status} ({o.seconds:.1f} s): {preview}{error}")
 
     def _install_sigint(self, stop: threading.Event):
         state = {"count": 0}
@@ -318,6 +357,7 @@ class Session:
         for line in iter_records(self.files.path("failed.jsonl")):
             stats.add_failed_attempt(line)
         prompts = self._prompt_outcomes(kept, discarded)
+        stats.count_failed_prompts(prompts["failed"])
         doc = stats.to_dict(
             run_name=self.cfg.run_name,
             model=self.cfg.model.model,

@@ -19,23 +19,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def layout(processes: int) -> None:
     """The CLI with `processes` worker processes, the sessions split evenly over them."""
-    import os
-
     from agentbatch import launch
     from agentbatch.executors import capacity
-    from agentbatch.executors.processes import LocalExecutor
     from batch_runner import cli
 
-    if os.environ.get("BR_SWITCH"):  # a GIL switch interval to try in the workers (inherited through fork)
-        sys.setswitchinterval(float(os.environ["BR_SWITCH"]))
-
-    def executor(cfg, num_workers, concurrency, ray_address):
+    def fixed(num_workers, concurrency, ray_address):
         sessions = concurrency or num_workers
         plan = capacity.Plan(sessions, processes, -(-sessions // processes))
         capacity.reserve(plan)
-        return LocalExecutor(cfg, plan.processes, plan.threads, plan.sessions)
+        return plan
 
-    launch.executor = executor
+    launch.layout = fixed
     cli()
 
 

@@ -43,13 +43,14 @@ class Server:
         seed: int = 0,
         asyncio: bool = False,
         script: list[dict] | None = None,
+        extra: tuple[str, ...] = (),
     ):
         OUT.mkdir(parents=True, exist_ok=True)
         path = OUT / f"script_{os.getpid()}_{id(self)}.json"
         path.write_text(json.dumps(script or DEFAULT_SCRIPT))
         program = ROOT / ("bench/async_endpoint.py" if asyncio else "tests/scripted_server.py")
         cmd = [sys.executable, str(program), "--port", "0", "--default_script", str(path)]
-        cmd += ["--latency", str(latency), "--jitter", str(jitter), "--seed", str(seed)]
+        cmd += ["--latency", str(latency), "--jitter", str(jitter), "--seed", str(seed), *extra]
         if heavy_tail:
             cmd.append("--heavy_tail")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -60,7 +61,12 @@ class Server:
 
     def timings(self) -> dict:
         """bench/async_endpoint.py's count of requests, first request and last reply (time.monotonic)."""
-        with urllib.request.urlopen(self.base_url.rsplit("/v1", 1)[0] + "/_timings", timeout=30) as r:
+        return self.get("/_timings")
+
+    def get(self, path: str) -> dict:
+        """A JSON inspection route of the server (/_rate, /_requests, /_timings)."""
+        root = self.base_url.rsplit("/v1", 1)[0]
+        with urllib.request.urlopen(root + path, timeout=30) as r:
             return json.loads(r.read())
 
     def cpu_seconds(self) -> float:
@@ -119,12 +125,20 @@ class TreeSampler(threading.Thread):
 
 
 def run_cli(
-    name: str, dataset: Path, base_url: str, *extra: str, entry: list[str] | None = None, env: dict | None = None
+    name: str,
+    dataset: Path,
+    base_url: str,
+    *extra: str,
+    entry: list[str] | None = None,
+    env: dict | None = None,
+    retries: int | None = 2,
+    codes: tuple[int, ...] = (0,),
 ) -> dict:
     """The real CLI in a subprocess: wall time, peak tree RSS, CPU seconds of its processes, statistics.
 
     Run as a user would: with Python's bytecode cache, which this machine's PYTHONDONTWRITEBYTECODE=1 turns
-    off (every start would compile the project's modules again, ~0.1 s).
+    off (every start would compile the project's modules again, ~0.1 s). `retries` None leaves --max_retries
+    at its default, as a new user would; `codes` are the exits accepted.
     """
     runs = OUT / "runs"
     shutil.rmtree(runs / name, ignore_errors=True)
@@ -136,7 +150,7 @@ def run_cli(
         "--api_key=sk-bench-not-a-real-key",
         "--model=bench-model",
         f"--output_dir={runs}",
-        "--max_retries=2",
+        *([f"--max_retries={retries}"] if retries is not None else []),
         "--seed=1",
         *extra,
     ]
@@ -151,7 +165,7 @@ def run_cli(
     wall = ended - start
     sampler.stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
+    if proc.returncode not in codes:
         raise RuntimeError(f"{name}: exit {proc.returncode}\n{stderr[-3000:]}")
     stats = json.loads((runs / name / "statistics.json").read_text())
     return {
@@ -159,6 +173,8 @@ def run_cli(
         "peak_rss": sampler.peak,
         "peak_procs": sampler.peak_procs,
         "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "exit": proc.returncode,
+        "failed_lines": _lines(runs / name / "failed.jsonl"),
         "prompts": stats["prompts"],
         "api_calls": stats["api_calls"],
         "run_seconds": stats["duration_seconds"],
@@ -168,6 +184,12 @@ def run_cli(
         "started": start,
         "ended": ended,
     }
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def report(results: dict, key: str, line: str) -> None:

@@ -7,6 +7,9 @@
     python bench/run_bench.py --only 7        # --export=parquet over the 100,000-trajectory corpus of (4)
     python bench/run_bench.py --only 8,9,10,10b  # sessions at every size (bench_scale.py): layouts of 32 sessions,
                                                  # fixed overhead, 1,024 sessions, 256 sessions
+    python bench/run_bench.py --only 11       # adaptive concurrency against a rate-limited endpoint (11n: no headers;
+                                              # 11p: what the probe costs an endpoint without limits)
+    python bench/run_bench.py --only 12       # sandbox starts paced apart, against the engine's best parallelism
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -24,7 +27,9 @@ import time
 
 import psutil
 from bench_export import bench_export
+from bench_rate_limit import bench_probe_cost, bench_rate_limit
 from bench_resume import bench_resume
+from bench_sandbox_starts import bench_sandbox_starts
 from bench_scale import bench_layouts, bench_overhead, bench_sessions
 from bench_scheduling import bench_scheduling
 from common import CALLS_PER_PROMPT, GIB, MIB, OUT, Server, check_all_done, report, run_cli, write_dataset
@@ -110,7 +115,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="1,2,3,4,5,8,9,10,10b",
-        help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export; 1b, 10b: one run)",
+        help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export, 11-12 limits; 1b, 10b: one run)",
     )
     which = {w.strip() for w in parser.parse_args().only.split(",") if w.strip()}
     OUT.mkdir(parents=True, exist_ok=True)
@@ -135,6 +140,14 @@ def main() -> int:
         bench_overhead(results)
     if which & {"10", "10b"}:
         bench_sessions(results, which)
+    if "11" in which:
+        bench_rate_limit(results, headers=True)
+    if "11n" in which:  # an endpoint that sends Retry-After only
+        bench_rate_limit(results, headers=False)
+    if "11p" in which:  # what the probe costs an endpoint without limits
+        bench_probe_cost(results)
+    if "12" in which:
+        bench_sandbox_starts(results)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -63,7 +63,14 @@ Endpoints
 ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``POST /v1/images/generations`` (url or ``b64_json``), ``GET /images/<n>.png``,
 ``GET /_requests`` and ``GET /_image_requests`` (recorded bodies),
-``GET|POST /_faults`` (read or replace the global fault rates).
+``GET|POST /_faults`` (read or replace the global fault rates),
+``GET /_rate`` (what the rate limit accepted and refused).
+
+Rate limit
+----------
+``rate_limit=R`` (``--rate_limit R``) accepts R chat requests a second and answers 429 beyond that
+(scripted_rate_limit.py: a token bucket of ``rate_burst`` requests, by default R, with OpenAI's
+x-ratelimit-* and Retry-After headers; ``rate_headers=False`` sends only Retry-After).
 """
 
 from __future__ import annotations
@@ -83,6 +90,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from scripted_rate_limit import RateLimit
 from scripted_replies import (
     DEFAULT_USAGE,
     MALFORMED_BODY,
@@ -240,6 +248,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, owner.image_requests())
             if path == "/_faults":
                 return self._send_json(200, owner.fault_rates())
+            if path == "/_rate":
+                return self._send_json(200, owner.rate_limit.stats() if owner.rate_limit else {})
             if _IMAGE_PATH.match(path):
                 return self._send_raw(200, PNG_BYTES, "image/png")
             return self._send_json(404, error_body(404, f"no route GET {path}"))
@@ -314,6 +324,12 @@ class _Handler(BaseHTTPRequestHandler):
         messages = body.get("messages") or []
         turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
         spec = owner._spec_for(prompt, turn)
+        limit_headers: dict = {}
+        if owner.rate_limit is not None:
+            accepted, limit_headers = owner.rate_limit.take()
+            if not accepted:
+                message = "Rate limit reached for requests (scripted rate limit)."
+                return self._send_json(429, error_body(429, message, code="rate_limit_exceeded"), limit_headers)
 
         global_fault = owner._roll_fault()
         if global_fault == "slow":
@@ -348,7 +364,7 @@ class _Handler(BaseHTTPRequestHandler):
             ).encode()
         if "trickle_seconds" in spec:
             return self._send_trickle(reply, float(spec["trickle_seconds"]))
-        self._send_raw(200, reply, "application/json")
+        self._send_raw(200, reply, "application/json", limit_headers)
 
 
 class ScriptedServer:
@@ -366,6 +382,9 @@ class ScriptedServer:
         port: int = 0,
         slow_seconds: float = 30.0,
         host: str = "127.0.0.1",
+        rate_limit: float | None = None,
+        rate_burst: float | None = None,
+        rate_headers: bool = True,
     ):
         self.script = {str(k): spec_list(v, f"script[{k!r}]") for k, v in (script or {}).items()}
         self.default_script = spec_list(default_script, "default_script") if default_script else None
@@ -373,6 +392,7 @@ class ScriptedServer:
         self.jitter = float(jitter)
         self.heavy_tail = bool(heavy_tail)
         self.slow_seconds = float(slow_seconds)
+        self.rate_limit = RateLimit(rate_limit, rate_burst, rate_headers) if rate_limit else None
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
         self._fault_rates: dict[str, float] = {}
@@ -540,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault_rates", "--fault-rates", type=json.loads, default=None)
     parser.add_argument("--slow_seconds", "--slow-seconds", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate_limit", "--rate-limit", type=float, default=None)
+    parser.add_argument("--rate_burst", "--rate-burst", type=float, default=None)
+    parser.add_argument("--no_rate_headers", "--no-rate-headers", action="store_true")
     args = parser.parse_args(argv)
 
     done = threading.Event()
@@ -560,6 +583,9 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         slow_seconds=args.slow_seconds,
         host=args.host,
+        rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
+        rate_headers=not args.no_rate_headers,
     )
     print(f"READY {srv.base_url}", flush=True)
     try:

@@ -159,19 +159,19 @@ def kill_runner_only(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def test_workers_and_the_resource_tracker_die_with_a_runner_killed_with_kill_9(tmp_path):
+def test_workers_die_with_a_runner_killed_with_kill_9(tmp_path):
     prompts = [f"orphan prompt {i}" for i in range(40)]
     data = write_dataset(tmp_path / "ds.jsonl", prompts)
     with ScriptedServer(default_script=[ANSWER], latency=1.5) as srv:
-        args = args_for(data, tmp_path / "out", srv, "--num_workers=2", "--concurrency=4", run_name="orphans")
+        # 256 sessions: a worker process per core (up to 2), each with its threads.
+        args = args_for(data, tmp_path / "out", srv, "--concurrency=256", run_name="orphans")
         proc = start_cli(args, tmp_path)
         children: list[psutil.Process] = []
         try:
             wait_until(lambda: len(srv.requests()) >= 4, proc, what="four calls in flight")
             children = descendants(proc.pid)
-            workers = [p for p in children if "spawn_main" in command_line(p)]
-            tracker = [p for p in children if "resource_tracker" in command_line(p)]
-            assert len(workers) == 2 and len(tracker) == 1, [command_line(p) for p in children]
+            workers = [p for p in children if p.name() == "br-worker"]
+            assert len(workers) == min(2, os.cpu_count() or 1), [(p.name(), command_line(p)) for p in children]
             kill_runner_only(proc)
             time.sleep(1.0)  # a call sent at the very moment of the kill may still arrive
             calls_at_kill = len(srv.requests())

@@ -13,10 +13,15 @@ from typing import Protocol
 
 from agentbatch.prompt_runner import PromptOutcome, PromptTask
 
+# Asked before each prompt is handed out (the run's budget): False keeps the slot empty for now.
+Admit = Callable[[], bool]
+
 
 class Executor(Protocol):
-    def run(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
-        """Yield outcomes as prompts finish; after `stop` is set no new prompt is handed out."""
+    def run(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
+    ) -> Iterator[PromptOutcome]:
+        """Yield outcomes as prompts finish; after `stop` is set, or while `admit()` is False, none is handed out."""
 
     def close(self) -> None:
         """Stop at once (a second Ctrl-C, a write failure): workers holding prompts are killed, not awaited."""
@@ -31,11 +36,13 @@ class Slots:
         self.held: list[dict[int, PromptTask]] = [{} for _ in range(workers)]
         self.count = 0
 
-    def fill(self, pending: Iterator[PromptTask], send: Callable[[int, PromptTask], None]) -> bool:
+    def fill(
+        self, pending: Iterator[PromptTask], send: Callable[[int, PromptTask], None], admit: Admit | None = None
+    ) -> bool:
         """Hand tasks to the least-loaded workers until every slot is taken; True once `pending` is exhausted."""
         while self.count < self.total:
             worker = min(range(len(self.held)), key=lambda w: len(self.held[w]))
-            if len(self.held[worker]) >= self.per_worker:
+            if len(self.held[worker]) >= self.per_worker or (admit is not None and not admit()):
                 return False
             task = next(pending, None)
             if task is None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 
 from agentbatch import process_guard
-from agentbatch.executors.base import Slots, lost
+from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
 from agentbatch.tools.registry import load_tools
 
@@ -165,8 +165,10 @@ class LocalExecutor:
         self._running: Iterator[PromptOutcome] | None = None
         self._closed = False
 
-    def run(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
-        self._running = self._outcomes(tasks, stop)
+    def run(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
+    ) -> Iterator[PromptOutcome]:
+        self._running = self._outcomes(tasks, stop, admit)
         return self._running
 
     def close(self) -> None:
@@ -180,7 +182,9 @@ class LocalExecutor:
     def _parent_ends(self) -> list[Connection]:
         return [c for w in self.workers for c in (w.tasks, w.results)]
 
-    def _outcomes(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
+    def _outcomes(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None
+    ) -> Iterator[PromptOutcome]:
         workers = self.workers
         slots = Slots(len(workers), self.threads, total=self.sessions)
         pending = iter(tasks)
@@ -188,7 +192,7 @@ class LocalExecutor:
         try:
             while True:
                 if not exhausted and not stop.is_set():
-                    exhausted = slots.fill(pending, lambda w, task: workers[w].send(task))
+                    exhausted = slots.fill(pending, lambda w, task: workers[w].send(task), admit)
                 if not slots.busy and (exhausted or stop.is_set()):
                     return
                 ready = set(wait([w.results for w in workers] + [w.process.sentinel for w in workers], _POLL_SECONDS))

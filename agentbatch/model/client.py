@@ -7,16 +7,17 @@ failure reasons.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import random
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from agentbatch.model import transport
+from agentbatch.model.rate_limit import Pacer, shared_limits_path
+from agentbatch.model.rate_limit import retry_after as _retry_after
 from agentbatch.secrets_guard import Redactor
 from agentbatch.surrogates import has_escaped_surrogate, scrub_json
 
@@ -39,6 +40,10 @@ class ContextOverflow(ModelCallError):
     """The conversation no longer fits the model's context window."""
 
 
+class DeadlineReached(ModelCallError):
+    """The prompt's time limit came before the model answered (the call was cut, or no retry fits before it)."""
+
+
 @dataclass
 class ModelSettings:
     """Where and how to call the model; the API key never leaves this object except in the request header."""
@@ -56,6 +61,10 @@ class ModelSettings:
     provider_sort: str | None = None
     reasoning_effort: str | None = None
     reasoning_disabled: bool = False
+    max_tokens: int | None = None  # per call (--max_tokens), sent as the request's max_tokens
+    workers: int = 1  # processes calling the endpoint at once, each pacing its share of its rate limit
+    pacing: bool = True  # False sends every call at once, as the runner did before (the benchmarks' baseline)
+    pacing_dir: str | None = None  # where the workers tell each other an endpoint's rate limit (rate_limit.py)
 
     def extra_body(self, main: bool = True) -> dict:
         """OpenRouter's `provider` and (for the main model only) `reasoning` request fields, when asked for."""
@@ -72,6 +81,12 @@ class ModelSettings:
         }
         if provider:
             body["provider"] = provider
+        if self.max_tokens:
+            body["max_tokens"] = self.max_tokens
+        if reports_cost(self.base_url):
+            # OpenRouter's usage accounting: the call's cost in `usage.cost`. Only there: api.openai.com
+            # rejects unknown request fields.
+            body["usage"] = {"include": True}
         if not main:
             return body
         if self.reasoning_disabled:
@@ -101,19 +116,42 @@ class ModelClient:
         self._encoded: dict[tuple[int, ...], tuple[list[dict], str]] = {}
         # An endpoint may echo the Authorization header in an error body: the key is cut out before anything.
         self._redact = Redactor([settings.api_key])
+        # This process's share of the endpoint's rate limit: the worker processes each pace their own calls.
+        self.pacer = Pacer(
+            share=1 / max(1, settings.workers),
+            enabled=settings.pacing,
+            shared=shared_limits_path(settings.pacing_dir, settings.base_url.rstrip("/")),
+        )
 
-    def chat(self, messages: list[dict], tools: list[dict] | None = None, model: str | None = None) -> Reply:
-        """One chat completion, by default of the run's model; another `model` (a tool's) gets no reasoning fields."""
+    def chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        model: str | None = None,
+        deadline: float | None = None,
+    ) -> Reply:
+        """One chat completion, by default of the run's model; another `model` (a tool's) gets no reasoning fields.
+
+        `deadline` (time.monotonic) is the prompt's time limit: the call is cut there (DeadlineReached).
+        """
         s = self.settings
         body: dict[str, Any] = {"model": model or s.model, "messages": messages}
         body.update(s.extra_body(main=model is None or model == s.model))
-        return self._call("/chat/completions", body, "choices", tools, _check_chat)
+        return self._call("/chat/completions", body, "choices", tools, _check_chat, deadline)
 
     def generate_image(self, request: dict) -> Reply:
         """One images/generations call (OpenAI's images API)."""
         return self._call("/images/generations", request, "data")
 
-    def _call(self, path: str, body: dict, expected: str, tools: list[dict] | None = None, check=None) -> Reply:
+    def _call(
+        self,
+        path: str,
+        body: dict,
+        expected: str,
+        tools: list[dict] | None = None,
+        check=None,
+        deadline: float | None = None,
+    ) -> Reply:
         """POST with retries on 408, 409, 429, 5xx, timeouts, dropped connections and malformed replies."""
         s = self.settings
         content = json.dumps(body)
@@ -126,7 +164,7 @@ class ModelClient:
                 # Not the openai SDK: its request building (TypedDict walk of every message and tool schema,
                 # options, headers) was most of the runner's CPU per prompt, and importing it took ~0.5 s of
                 # every worker's start (bench/RESULTS.md).
-                return self._post(path, content, expected, check)
+                return self._post(path, content, expected, check, deadline)
             except _Status as e:
                 if e.status_code == 400:
                     text = f"{e.code} {e.body_text}".lower()
@@ -137,25 +175,40 @@ class ModelClient:
                     raise ModelCallError(_after(e, attempt)) from e
                 delay = self._delay(attempt, e)
             except _AttemptFailed as e:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineReached(f"the prompt's time limit cut the model call ({e})") from e
                 if attempt >= s.max_retries:
                     raise ModelCallError(_after(e, attempt)) from e
                 delay = self._delay(attempt, e)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise DeadlineReached("the prompt's time limit comes before the model call could be retried")
             time.sleep(delay)
             attempt += 1
 
-    def _post(self, path: str, content: bytes, expected: str, check=None) -> Reply:
-        """POST the JSON body; every failure becomes an _AttemptFailed the retry loop sorts.
+    def _post(self, path: str, content: bytes, expected: str, check, deadline: float | None) -> Reply:
+        """POST the JSON body when the pacer says so; every failure becomes an _AttemptFailed the retry loop sorts.
 
-        The whole call, connecting to the last byte, ends within --request_timeout, and a reply over
-        MAX_REPLY_BYTES is refused as it streams in (transport).
+        The whole call, connecting to the last byte, ends within --request_timeout and by the prompt's
+        `deadline`, and a reply over MAX_REPLY_BYTES is refused as it streams in (transport).
         """
-        deadline = time.monotonic() + self.settings.request_timeout
+        ticket = self.pacer.acquire(deadline)
+        ends = time.monotonic() + self.settings.request_timeout
+        if ticket is not None and deadline is not None:
+            ends = min(ends, deadline)
+        if ticket is None or ends <= time.monotonic():
+            if ticket is not None:
+                self.pacer.release(ticket, 0, None)
+            raise DeadlineReached("the prompt's time limit was reached before the model answered")
+        status, headers = 0, None
         try:
-            r = self._connection().post(path, content, deadline, MAX_REPLY_BYTES)
+            r = self._connection().post(path, content, ends, MAX_REPLY_BYTES)
+            status, headers = r.status_code, r.headers
         except transport.BadReply as e:  # too big, or a body its Content-Encoding cannot decode
             raise _AttemptFailed(f"malformed reply: {e}") from e
         except transport.TransportError as e:
             raise _AttemptFailed(str(e)) from e
+        finally:
+            self.pacer.release(ticket, status, headers)
         if r.status_code >= 400:
             raise _Status(r, self._redact)
         try:
@@ -201,7 +254,7 @@ class ModelClient:
         return conn
 
     def _delay(self, attempt: int, error: _AttemptFailed) -> float:
-        retry_after = _retry_after(error.response) if isinstance(error, _Status) else None
+        retry_after = _retry_after(error.response.headers) if isinstance(error, _Status) else None
         if retry_after is not None:
             return min(retry_after, self.settings.retry_max_delay)
         with self._lock:
@@ -309,23 +362,11 @@ def _check_chat(data: dict) -> None:
                 raise _AttemptFailed(f"malformed reply: tool call arguments: {_short(e)}") from e
 
 
+def reports_cost(base_url: str) -> bool:
+    """Whether the endpoint reports each call's cost (OpenRouter's usage accounting)."""
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    return host == "openrouter.ai" or host.endswith(".openrouter.ai")
+
+
 def _after(e: _AttemptFailed, attempt: int) -> str:
     return f"{e} (after {attempt + 1} attempts)" if attempt else str(e)
-
-
-def _retry_after(response: transport.Response) -> float | None:
-    """Seconds the server asked us to wait: retry-after-ms, or Retry-After as seconds or an HTTP date."""
-    headers = response.headers
-    try:
-        if headers.get("retry-after-ms") is not None:
-            return max(float(headers["retry-after-ms"]) / 1000, 0.0)
-        value = headers.get("retry-after")
-        if value is None:
-            return None
-        try:
-            return max(float(value), 0.0)
-        except ValueError:
-            when = email.utils.parsedate_to_datetime(value)
-            return max((when - datetime.now(when.tzinfo or UTC)).total_seconds(), 0.0)
-    except (TypeError, ValueError, OverflowError):
-        return None

@@ -48,6 +48,7 @@ class SandboxSettings:
     cpus: float = 1.0
     pids: int = 256
     network: bool = True
+    starts: int = 0  # sandboxes this process creates at once (0: no limit); see sandboxes/starts.py
 
 
 @dataclass

@@ -66,7 +66,8 @@ def search_files(
         f"find {shlex.quote(path or '.')} -type f {name}-exec grep -nHIE -e {shlex.quote(pattern)} {{}} + 2>/dev/null"
         f" | head -n {limit}"
     )
-    result = ctx.sandbox().exec(cmd, timeout=ctx.settings.command_timeout)
+    sandbox = ctx.sandbox()
+    result = sandbox.exec(cmd, timeout=ctx.limits.cap(ctx.settings.command_timeout))
     matches = [line for line in result.output.splitlines() if line]
     return {"matches": matches, "count": len(matches), "error": None}
 
