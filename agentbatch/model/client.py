@@ -50,9 +50,10 @@ class ModelSettings:
     provider_sort: str | None = None
     reasoning_effort: str | None = None
     reasoning_disabled: bool = False
+    logprobs: bool = False
 
     def extra_body(self, main: bool = True) -> dict:
-        """OpenRouter's `provider` and (for the main model only) `reasoning` request fields, when asked for."""
+        """OpenRouter's `provider` and (for the main model only) `reasoning` and `logprobs` fields, when asked for."""
         body: dict[str, Any] = {}
         provider = {
             k: v
@@ -68,6 +69,8 @@ class ModelSettings:
             body["provider"] = provider
         if not main:
             return body
+        if self.logprobs:
+            body["logprobs"] = True
         if self.reasoning_disabled:
             body["reasoning"] = {"effort": "none"}
         elif self.reasoning_effort:
