@@ -38,6 +38,11 @@ def run(raw: dict[str, Any]) -> int:
         raise FatalError(
             f'no valid entries in {f["dataset_file"]}: each line needs a JSON object with a "prompt" string'
         )
+    if f["require_pass"] and not any(e.verify or e.answers for e in entries):
+        raise FatalError(
+            f"--require_pass keeps only samples that pass their check, but no row of {f['dataset_file']} has "
+            'a "verify" or "answer" field; add checks to the rows or drop --require_pass'
+        )
 
     # Before anything is started: no child process inherits a credential (secrets_guard).
     withdrawn = secrets_guard.withdraw_environment()
@@ -78,6 +83,7 @@ def run(raw: dict[str, Any]) -> int:
                 provider_sort=f["provider_sort"],
                 reasoning_effort=f["reasoning_effort"],
                 reasoning_disabled=f["reasoning_disabled"],
+                logprobs=f["logprobs"],
             ),
             tools=tools,
             sandbox=SandboxSettings(
@@ -91,12 +97,16 @@ def run(raw: dict[str, Any]) -> int:
             system_prompt=f["ephemeral_system_prompt"],
             prefill=f["prefill_messages_file"] or [],
             require_reasoning=f["require_reasoning"],
+            require_pass=f["require_pass"],
+            check_timeout=f["check_timeout"],
             verbose=f["verbose"],
             log_prefix_chars=f["log_prefix_chars"],
         )
         secrets = (key, *withdrawn.values(), *tools.secrets())
         files = RunFiles(os.path.join(f["output_dir"], f["run_name"]), secrets=secrets)
-        session = Session(cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"])
+        session = Session(
+            cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"], f["samples_per_prompt"]
+        )
         session.dataset_file = f["dataset_file"]
         return session.run(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"]))
 

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from trajectory import first_human, unknown_tools
+from trajectory import VALUE_KINDS, first_human, may_show, shown_kinds, unknown_tools
 
 _BATCH_RE = re.compile(r"^batch_(\d+)\.jsonl$")
 
@@ -19,6 +19,18 @@ _BATCH_RE = re.compile(r"^batch_(\d+)\.jsonl$")
 def prompt_key(prompt: str) -> bytes:
     """A fixed-size key for a prompt text, so resume memory does not grow with prompt length."""
     return hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+SampleKey = tuple[bytes, int]
+
+
+def sample_key(line: dict) -> SampleKey | None:
+    """(prompt key, sample index) of a trajectory, discard or failure line; lines from before samples are sample 0."""
+    prompt = line.get("prompt") if "conversations" not in line else first_human(line)
+    if not isinstance(prompt, str):
+        return None
+    sample = line.get("sample_index")
+    return prompt_key(prompt), sample if isinstance(sample, int) and not isinstance(sample, bool) else 0
 
 
 @dataclass
@@ -122,12 +134,12 @@ class RunFiles:
             return None
 
     def done_counts(self) -> Counter:
-        """Prompt key → how many finished lines (batch files and discards) answer it."""
+        """(prompt key, sample index) → how many finished lines (batch files and discards) answer it."""
         kept, discarded = self.answer_counts()
         return kept + discarded
 
     def answer_counts(self) -> tuple[Counter, Counter]:
-        """Prompt key → lines answering it, in the batch files and in discarded.jsonl."""
+        """(prompt key, sample index) → lines answering it, in the batch files and in discarded.jsonl."""
         kept: Counter = Counter()
         for n in self.batch_numbers():
             _count_prompts(self.batch_path(n), kept, merged_only=True)
@@ -136,35 +148,36 @@ class RunFiles:
         return kept, discarded
 
     def failure_counts(self) -> Counter:
-        """Prompt key → how many failed attempts failed.jsonl records."""
+        """(prompt key, sample index) → how many failed attempts failed.jsonl records."""
         failed: Counter = Counter()
         for line in iter_records(self.path("failed.jsonl")):
-            if isinstance(line.get("prompt"), str):
-                failed[prompt_key(line["prompt"])] += 1
+            if (key := sample_key(line)) is not None:
+                failed[key] += 1
         return failed
 
     def merge(self, on_record: Callable[[dict], None] | None = None) -> MergeReport:
         """Write trajectories.jsonl atomically from every batch file in numeric order, filtering bad entries.
 
-        One exception to the order: the first entry that calls a tool is written first. `datasets` fixes
-        the schema from the file's first block, and only such an entry shows every field a turn can have.
+        One exception to the order: a few lead entries are written first, together showing a value of every
+        kind the file holds (a tool call, logprobs, a reward...: trajectory.VALUE_KINDS). `datasets` fixes
+        the schema from the file's first block, and a kind it has not seen there fails the load.
         """
         report = MergeReport()
         out_path = self.path("trajectories.jsonl")
         tmp = out_path + ".tmp"
-        lead = self._first_tool_entry()
+        leads = self._lead_entries()
         try:
-            self._merge_into(tmp, lead, report, on_record)
+            self._merge_into(tmp, leads, report, on_record)
             os.replace(tmp, out_path)
         except OSError:
             _remove_quietly(tmp)
             raise
         return report
 
-    def _merge_into(self, tmp: str, lead, report: MergeReport, on_record) -> None:
+    def _merge_into(self, tmp: str, leads: dict[tuple[int, int], bytes], report: MergeReport, on_record) -> None:
         with open(tmp, "wb") as out:
-            if lead is not None:
-                out.write(lead[2])
+            for raw in leads.values():
+                out.write(raw)
             for n in self.batch_numbers():
                 for i, (raw, record) in enumerate(_iter_lines(self.batch_path(n), report)):
                     if record is None:
@@ -172,7 +185,7 @@ class RunFiles:
                     elif unknown_tools(record.get("conversations") or []):
                         report.unknown_tool += 1
                     else:
-                        if lead is None or (n, i) != lead[:2]:
+                        if (n, i) not in leads:
                             out.write(raw if raw.endswith(b"\n") else raw + b"\n")
                         report.kept += 1
                         if on_record:
@@ -180,14 +193,27 @@ class RunFiles:
             out.flush()
             os.fsync(out.fileno())
 
-    def _first_tool_entry(self) -> tuple[int, int, bytes] | None:
-        """(batch, line position, line) of the first entry the merge keeps that has a tool call."""
+    def _lead_entries(self) -> dict[tuple[int, int], bytes]:
+        """(batch, line position) → line of the first entries the merge keeps that show a kind no earlier one did."""
+        leads: dict[tuple[int, int], bytes] = {}
+        missing = set(VALUE_KINDS)
         for n in self.batch_numbers():
-            for i, (raw, record) in enumerate(_iter_lines(self.batch_path(n), None)):
-                turns = (record or {}).get("conversations") or []
-                if any(t.get("tool_calls") for t in turns) and not unknown_tools(turns):
-                    return n, i, raw if raw.endswith(b"\n") else raw + b"\n"
-        return None
+            for i, raw in enumerate(_iter_raw(self.batch_path(n))):
+                if not may_show(raw, missing):
+                    continue  # most lines: no JSON parsing
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue
+                if not isinstance(record, dict) or unknown_tools(record.get("conversations") or []):
+                    continue
+                new = shown_kinds(record) & missing
+                if new:
+                    leads[n, i] = raw if raw.endswith(b"\n") else raw + b"\n"
+                    missing -= new
+                    if not missing:
+                        return leads
+        return leads
 
 
 def _count_prompts(path: str, into: Counter, merged_only: bool = False) -> None:
@@ -195,9 +221,8 @@ def _count_prompts(path: str, into: Counter, merged_only: bool = False) -> None:
         # A line the merge drops answers nothing: counting it would leave its prompt out of every output.
         if merged_only and unknown_tools(record.get("conversations") or []):
             continue
-        prompt = first_human(record)
-        if isinstance(prompt, str):
-            into[prompt_key(prompt)] += 1
+        if (key := sample_key(record)) is not None:
+            into[key] += 1
 
 
 def iter_records(path: str) -> Iterator[dict]:
@@ -208,6 +233,16 @@ def iter_records(path: str) -> Iterator[dict]:
 
 
 def _iter_lines(path: str, report: MergeReport | None) -> Iterator[tuple[bytes, dict | None]]:
+    for raw in _iter_raw(path, report):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        yield raw, record if isinstance(record, dict) else None
+
+
+def _iter_raw(path: str, report: MergeReport | None = None) -> Iterator[bytes]:
+    """The non-blank lines of a file, as bytes (a missing file has none)."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -216,13 +251,8 @@ def _iter_lines(path: str, report: MergeReport | None) -> Iterator[tuple[bytes, 
         for raw in f:
             if report is not None:
                 report.bytes_read += len(raw)
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                record = None
-            yield raw, record if isinstance(record, dict) else None
+            if raw.strip():
+                yield raw
 
 
 def _remove_quietly(path: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agentbatch.outcome_stats import format_outcomes
 from agentbatch.tools.registry import ALL_TOOL_NAMES
 from trajectory import reasoning_counts
 
@@ -113,9 +114,12 @@ def _add_tokens(into: dict[str, int], usage: dict | None) -> None:
 
 def format_summary(stats: dict) -> str:
     """The printed end-of-run summary."""
+    samples = (stats.get("outcomes") or {}).get("samples_per_prompt") or 1
+    total = stats["prompts"]["total"]
+    what = f"{total // samples} prompts × {samples} samples" if samples > 1 else f"{total} prompts"
     lines = [
         "",
-        f"Run {stats.get('run_name')}: {stats['prompts']['total']} prompts in the dataset",
+        f"Run {stats.get('run_name')}: {what} in the dataset",
         f"  done {stats['prompts']['done']}  (completed {stats['completed']}, partial {stats['partial']}, "
         f"max turns reached {stats['max_turns_reached']})",
         f"  discarded {stats['discarded']}  {stats['discard_reasons'] or ''}".rstrip(),
@@ -131,6 +135,7 @@ def format_summary(stats: dict) -> str:
         f"  tokens: {t['total_tokens']} ({t['prompt_tokens']} prompt, {t['completion_tokens']} completion); "
         f"duration {stats['duration_seconds']:.1f} s"
     )
+    lines += format_outcomes(stats.get("outcomes"))
     used = {n: s for n, s in stats["tools"].items() if s["count"]}
     if used:
         lines.append(f"  {'tool':<20}{'calls':>8}{'ok':>8}{'failed':>8}{'rate':>8}")

@@ -225,7 +225,9 @@ def test_merge_puts_a_tool_using_entry_first_so_any_order_of_batches_loads(lines
     report = files.merge()
     assert report.kept == N_LINES
     merged = [json.loads(line) for line in open(files.path("trajectories.jsonl"), encoding="utf-8")]
-    assert tool_turns(merged[0])
-    assert merged[1:] == [r for r in ordered if r is not next(x for x in ordered if tool_turns(x))]
+    first_tool = next(x for x in ordered if tool_turns(x))
+    # The leads: the first line (showing the outcome fields, as every line does), then the first tool-using one.
+    assert merged[:2] == [ordered[0], first_tool]
+    assert merged[2:] == [r for r in ordered[1:] if r is not first_tool]
     ds = _load(files.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
     assert ds.num_rows == N_LINES

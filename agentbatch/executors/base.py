@@ -27,7 +27,7 @@ class Slots:
 
     def __init__(self, workers: int, per_worker: int):
         self.per_worker = per_worker
-        self.held: list[dict[int, PromptTask]] = [{} for _ in range(workers)]
+        self.held: list[dict[tuple[int, int], PromptTask]] = [{} for _ in range(workers)]
 
     def fill(self, pending: Iterator[PromptTask], send: Callable[[int, PromptTask], None]) -> bool:
         """Hand tasks to the least-loaded workers until every slot is taken; True once `pending` is exhausted."""
@@ -38,13 +38,13 @@ class Slots:
             task = next(pending, None)
             if task is None:
                 return True
-            self.held[worker][task.index] = task
+            self.held[worker][task.key] = task
             send(worker, task)
 
-    def release(self, index: int) -> None:
-        """A prompt's outcome arrived: its slot is free."""
+    def release(self, key: tuple[int, int]) -> None:
+        """A sample's outcome arrived (key: its prompt and sample index): its slot is free."""
         for held in self.held:
-            if held.pop(index, None) is not None:
+            if held.pop(key, None) is not None:
                 return
 
     def take(self, worker: int) -> list[PromptTask]:
@@ -60,7 +60,7 @@ class Slots:
 
 def lost(task: PromptTask, error: str) -> PromptOutcome:
     """The outcome of a prompt whose worker died with it."""
-    return PromptOutcome(task.index, task.prompt, task.batch_num, "failed", error=error)
+    return PromptOutcome(task.index, task.prompt, task.batch_num, "failed", error=error, sample_index=task.sample_index)
 
 
 def threads_per_worker(concurrency: int | None, num_workers: int) -> int:

@@ -86,7 +86,7 @@ class LocalExecutor:
                             yield from (lost(task, error) for task in slots.take(i))
                             workers[i] = _Worker(self._ctx, self.cfg, results, self.threads)
                     continue
-                slots.release(outcome.index)
+                slots.release(outcome.key)
                 yield outcome
         finally:
             _shutdown(workers, slots)
