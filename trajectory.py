@@ -196,8 +196,14 @@ def shown_kinds(record: dict) -> set[str]:
     return {kind for kind, yes in shown.items() if yes}
 
 
-def may_show(raw: bytes, kinds) -> bool:
+_CHECK_KINDS = frozenset({"reward", "check_exit_code", "answer_matched"})
+_NO_CHECK = b'"check": {"status": "none"'  # how build_record writes a line without a check
+
+
+def may_show(raw: bytes, kinds: set[str]) -> bool:
     """Whether a raw line may show one of these kinds (False means it surely does not)."""
+    if kinds & _CHECK_KINDS and _NO_CHECK in raw:  # one search rules out every check kind
+        kinds = kinds - _CHECK_KINDS
     return any(VALUE_KINDS[k] in raw and VALUE_KINDS[k] + b"null" not in raw for k in kinds)
 
 

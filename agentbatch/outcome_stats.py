@@ -9,60 +9,68 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from agentbatch.run_files import prompt_key
 from trajectory import first_human
 
 NO_RESULT = ("timeout", "error")  # check statuses of a check that could not give a result
 
 
-@dataclass
+@dataclass(slots=True)
 class _Group:
-    """One prompt's checked samples: pass flags, rewards and tokens of those with a result; counts of the rest."""
+    """One checked prompt: its toolsets, and counts over its samples (small: one per prompt of a big run)."""
 
-    toolsets: tuple[str, ...] = ()
-    passed: list[bool] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
+    toolsets: tuple[str, ...]
+    n: int = 0  # samples with a result
+    c: int = 0  # of which passed
+    reward_sum: float = 0.0
+    rewards: int = 0
     tokens: int = 0
-    statuses: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    timeout: int = 0
+    error: int = 0
 
 
 class OutcomeStats:
     """Accumulates trajectory and discard lines, then reports outcome statistics."""
 
     def __init__(self):
-        self._groups: dict[tuple[int, bytes], _Group] = {}
+        self._groups: dict[int, _Group] = {}
+        self._unchecked: dict[tuple[str, ...], int] = defaultdict(int)  # samples without a check, by toolsets
 
     def add(self, record: dict) -> None:
-        prompt = first_human(record)
-        if not isinstance(prompt, str):
+        toolsets = tuple(record.get("toolsets_used") or ())
+        check = record.get("check") if isinstance(record.get("check"), dict) else {}
+        status = check.get("status")
+        if status not in ("passed", "failed", *NO_RESULT):  # no check, or a line from before checks
+            self._unchecked[toolsets] += 1
             return
-        key = (record.get("prompt_index") if isinstance(record.get("prompt_index"), int) else -1, prompt_key(prompt))
+        prompt = first_human(record)
+        # One int per prompt, not its text: (index, text) hashed (one process, so one hash seed).
+        key = hash((record.get("prompt_index"), prompt))
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group(tuple(record.get("toolsets_used") or ()))
-        check = record.get("check") if isinstance(record.get("check"), dict) else {}
-        status = check.get("status") if isinstance(check.get("status"), str) else "none"  # lines from before checks
-        group.statuses[status] += 1
-        passed = record.get("passed")
-        if status in NO_RESULT or status == "none" or not isinstance(passed, bool):
+            group = self._groups[key] = _Group(toolsets)
+        if status in NO_RESULT:
+            setattr(group, status, getattr(group, status) + 1)
             return
-        group.passed.append(passed)
+        passed = record.get("passed") is True
+        group.n += 1
+        group.c += passed
         reward = record.get("reward")
         if isinstance(reward, int | float) and not isinstance(reward, bool):
-            group.rewards.append(float(reward))
+            group.reward_sum += reward
+            group.rewards += 1
         group.tokens += int((record.get("usage") or {}).get("total_tokens") or 0)
 
     def to_dict(self, samples_per_prompt: int) -> dict:
         """The "outcomes" section: the figures over every sample, and the same per toolset of checked prompts."""
         groups = list(self._groups.values())
-        checked = [g for g in groups if any(s != "none" for s in g.statuses)]
-        toolsets = sorted({t for g in checked for t in g.toolsets})
+        toolsets = sorted({t for g in groups for t in g.toolsets})
+        unchecked = {t: sum(n for ts, n in self._unchecked.items() if t in ts) for t in toolsets}
         return {
             "samples_per_prompt": samples_per_prompt,
-            **_figures(groups),
-            "by_toolset": {t: _figures([g for g in groups if t in g.toolsets]) for t in toolsets},
+            **_figures(groups, sum(self._unchecked.values())),
+            "by_toolset": {t: _figures([g for g in groups if t in g.toolsets], unchecked[t]) for t in toolsets},
         }
 
 
@@ -78,26 +86,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def _figures(groups: list[_Group]) -> dict:
-    statuses: dict[str, int] = defaultdict(int)
-    for g in groups:
-        for status, n in g.statuses.items():
-            statuses[status] += n
-    checked = [g for g in groups if g.passed]
-    results = [p for g in checked for p in g.passed]
-    passes = sum(results)
-    rewards = [r for g in checked for r in g.rewards]
-    ks = range(1, max((len(g.passed) for g in checked), default=0) + 1)
-    at_k = {k: [pass_at_k(len(g.passed), sum(g.passed), k) for g in checked if len(g.passed) >= k] for k in ks}
+def _figures(groups: list[_Group], unchecked: int) -> dict:
+    checked = [g for g in groups if g.n]
+    n = sum(g.n for g in checked)
+    passes = sum(g.c for g in checked)
+    rewards = sum(g.rewards for g in checked)
+    ks = range(1, max((g.n for g in checked), default=0) + 1)
+    at_k = {k: [pass_at_k(g.n, g.c, k) for g in checked if g.n >= k] for k in ks}
     return {
-        "checked": len(results),
+        "checked": n,
         "passed": passes,
-        "failed": len(results) - passes,
-        "timeout": statuses["timeout"],
-        "error": statuses["error"],
-        "unchecked": statuses["none"],
-        "pass_rate": round(passes / len(results), 4) if results else None,
-        "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else None,
+        "failed": n - passes,
+        "timeout": sum(g.timeout for g in groups),
+        "error": sum(g.error for g in groups),
+        "unchecked": unchecked,
+        "pass_rate": round(passes / n, 4) if n else None,
+        "mean_reward": round(sum(g.reward_sum for g in checked) / rewards, 4) if rewards else None,
         "prompts_checked": len(checked),
         "pass_at_k": {str(k): round(sum(v) / len(v), 4) for k, v in at_k.items()},
         "pass_at_k_prompts": {str(k): len(v) for k, v in at_k.items()},

@@ -88,9 +88,7 @@ def run_check(
 def _verify(ctx: ToolContext, command: str, timeout: float) -> CheckResult:
     try:
         done = ctx.sandbox().exec(command, timeout=timeout)
-    except SandboxError as e:  # no sandbox to check in (the engine refused, the container is gone)
-        return CheckResult(status="error", output=cap_output(f"the check could not run: {e}", MAX_CHECK_OUTPUT))
-    except OSError as e:
+    except (SandboxError, OSError) as e:  # no sandbox to check in: the engine refused, the container is gone
         return CheckResult(status="error", output=cap_output(f"the check could not run: {e}", MAX_CHECK_OUTPUT))
     output = cap_output(done.output, MAX_CHECK_OUTPUT)
     if done.timed_out:
