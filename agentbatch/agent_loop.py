@@ -8,6 +8,7 @@ from typing import Any
 
 from agentbatch.limits import TIME_LIMIT_MESSAGE
 from agentbatch.model.client import ContextOverflow, DeadlineReached, ModelClient
+from agentbatch.model.logprobs import token_logprobs
 from agentbatch.model.reasoning import split_reasoning
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import Tool, call_tool
@@ -40,8 +41,12 @@ def run_agent(
     max_turns: int,
     system_prompt: str | None = None,
     prefill: list[dict] | None = None,
+    logprobs: bool = False,
 ) -> AgentResult:
-    """Run one prompt; model errors that outlast the retries propagate (the prompt fails)."""
+    """Run one prompt; model errors that outlast the retries propagate (the prompt fails).
+
+    With `logprobs`, each saved assistant message keeps the reply's token log probabilities (model.logprobs).
+    """
     by_name = {t.name: t for t in tools}
     schemas = [t.schema() for t in tools]
     # The system prompt and prefill are sent on every call but never saved.
@@ -76,6 +81,8 @@ def run_agent(
         unknown_streak = 0
         reasoning, content = split_reasoning(choice.message)
         assistant: dict = {"role": "assistant", "content": content, "reasoning": reasoning}
+        if logprobs and (tokens := token_logprobs(choice)):
+            assistant["logprobs"] = tokens
         cut = choice.finish_reason == "length"
         # Some servers omit call ids or send arguments as an object: normalise so ids pair calls with results.
         calls = [
@@ -113,7 +120,7 @@ def _arguments_text(arguments: Any) -> str:
 
 
 def _for_api(message: dict) -> dict:
-    """The message as the endpoint expects it (our reasoning and ok fields stay local)."""
+    """The message as the endpoint expects it (our reasoning, logprobs and ok fields stay local)."""
     if message["role"] == "tool":
         return {k: v for k, v in message.items() if k != "ok"}
     if message["role"] != "assistant":

@@ -217,6 +217,20 @@ FLAGS: tuple[Flag, ...] = (
         "discard samples without any reasoning; false for models that never reason",
         check.boolean,
     ),
+    Flag(
+        "samples_per_prompt",
+        1,
+        "rollouts of each prompt, each in its own sandbox (`sample_index` 0..N-1); pass@k for k up to N",
+        _int(1),
+    ),
+    Flag(
+        "require_pass",
+        False,
+        'discard samples whose check did not pass (rows need `verify` or `answer`, see "Verified outcomes")',
+        check.boolean,
+    ),
+    Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.positive_float),
+    Flag("logprobs", False, "ask for token log probabilities and store them with each assistant turn", check.boolean),
     Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int),
     _t(
         "sandbox",

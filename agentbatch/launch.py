@@ -52,6 +52,11 @@ def run(raw: dict[str, Any]) -> int:
         raise FatalError(
             f'no valid entries in {f["dataset_file"]}: each line needs a JSON object with a "prompt" string'
         )
+    if f["require_pass"] and not any(e.verify or e.answers for e in entries):
+        raise FatalError(
+            f"--require_pass keeps only samples that pass their check, but no row of {f['dataset_file']} has "
+            'a "verify" or "answer" field; add checks to the rows or drop --require_pass'
+        )
 
     # Before anything is started: no child process inherits a credential (secrets_guard).
     withdrawn = secrets_guard.withdraw_environment()
@@ -120,7 +125,9 @@ def run(raw: dict[str, Any]) -> int:
             sandbox_labels=owner_labels(run_dir, session_id),
         )
         files = RunFiles(run_dir, secrets=secrets)
-        session = Session(cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"])
+        session = Session(
+            cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"], f["samples_per_prompt"]
+        )
         session.dataset_file = f["dataset_file"]
         session.session_id = session_id
         session.budget_settings = BudgetSettings(

@@ -18,7 +18,7 @@ from agentbatch.errors import FatalError
 from agentbatch.record_shape import trajectory_problem
 from agentbatch.secrets_guard import Redactor
 from agentbatch.surrogates import has_escaped_surrogate, scrub, scrub_json
-from trajectory import first_human, unknown_tools
+from trajectory import VALUE_KINDS, first_human, may_show, shown_kinds, unknown_tools
 
 _BATCH_RE = re.compile(r"^batch_(\d+)\.jsonl$")
 LOCK_NAME = "session.lock"
@@ -27,6 +27,18 @@ LOCK_NAME = "session.lock"
 def prompt_key(prompt: str) -> bytes:
     """A fixed-size key for a prompt text, so resume memory does not grow with prompt length."""
     return hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+SampleKey = tuple[bytes, int]
+
+
+def sample_key(line: dict) -> SampleKey | None:
+    """(prompt key, sample index) of a trajectory, discard or failure line; lines from before samples are sample 0."""
+    prompt = line.get("prompt") if "conversations" not in line else first_human(line)
+    if not isinstance(prompt, str):
+        return None
+    sample = line.get("sample_index")
+    return prompt_key(prompt), sample if isinstance(sample, int) and not isinstance(sample, bool) else 0
 
 
 @dataclass
@@ -48,9 +60,9 @@ class RunFiles:
         self.redact = Redactor(secrets)
         self._handles: dict[str, object] = {}
         self._lock_fd: int | None = None
-        # Path → offset → (length, has a tool call) of the lines this session appended and its caller
+        # Path → offset → length of the lines this session appended and its caller
         # accounted for: the merge copies them as they are instead of reading each back (see append).
-        self._accounted: dict[str, dict[int, tuple[int, bool]]] = {}
+        self._accounted: dict[str, dict[int, int]] = {}
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -143,8 +155,7 @@ class RunFiles:
         ):
             return False
         length = os.fstat(f.fileno()).st_size - size
-        tools = any(t.get("tool_calls") for t in obj.get("conversations") or [])
-        self._accounted.setdefault(path, {})[size] = (length, tools)
+        self._accounted.setdefault(path, {})[size] = length
         return True
 
     def sync(self) -> None:
@@ -186,12 +197,12 @@ class RunFiles:
         return value if isinstance(value, dict) else None
 
     def done_counts(self) -> Counter:
-        """Prompt key → how many finished lines (batch files and discards) answer it."""
+        """(prompt key, sample index) → how many finished lines (batch files and discards) answer it."""
         kept, discarded = self.answer_counts()
         return kept + discarded
 
     def answer_counts(self) -> tuple[Counter, Counter]:
-        """Prompt key → lines answering it, in the batch files and in discarded.jsonl."""
+        """(prompt key, sample index) → lines answering it, in the batch files and in discarded.jsonl."""
         kept: Counter = Counter()
         for n in self.batch_numbers():
             _count_prompts(self.batch_path(n), kept, merged_only=True)
@@ -200,11 +211,11 @@ class RunFiles:
         return kept, discarded
 
     def failure_counts(self) -> Counter:
-        """Prompt key → how many failed attempts failed.jsonl records."""
+        """(prompt key, sample index) → how many failed attempts failed.jsonl records."""
         failed: Counter = Counter()
         for line in iter_records(self.path("failed.jsonl")):
-            if isinstance(line.get("prompt"), str):
-                failed[prompt_key(line["prompt"])] += 1
+            if (key := sample_key(line)) is not None:
+                failed[key] += 1
         return failed
 
     def discarded_records(self) -> Iterator[dict]:
@@ -216,27 +227,28 @@ class RunFiles:
     def merge(self, on_record: Callable[[dict], None] | None = None) -> MergeReport:
         """Write trajectories.jsonl atomically from every batch file in numeric order, filtering bad entries.
 
-        One exception to the order: an entry that calls a tool is written first. `datasets` fixes the schema
-        from the file's first block, and only such an entry shows every field a turn can have; it is taken
-        from the newest batch that has one, whose lines carry every field a line can have (a resumed run
+        One exception to the order: a few lead entries are written first, together showing a value of every
+        kind the file holds (a tool call, logprobs, a reward...: trajectory.VALUE_KINDS). `datasets` fixes
+        the schema from the file's first block, and a kind it has not seen there fails the load. They are
+        taken from the newest batches first, whose lines carry every field a line can have (a resumed run
         may begin with lines written before a field was added).
         """
         report = MergeReport()
         out_path = self.path("trajectories.jsonl")
         tmp = out_path + ".tmp"
-        lead = self._first_tool_entry()
+        leads = self._lead_entries()
         try:
-            self._merge_into(tmp, lead, report, on_record)
+            self._merge_into(tmp, leads, report, on_record)
             os.replace(tmp, out_path)
         except OSError:
             _remove_quietly(tmp)
             raise
         return report
 
-    def _merge_into(self, tmp: str, lead, report: MergeReport, on_record) -> None:
+    def _merge_into(self, tmp: str, leads: dict[tuple[int, int], bytes], report: MergeReport, on_record) -> None:
         with open(tmp, "wb", buffering=1 << 20) as out:
-            if lead is not None:
-                out.write(lead[2])
+            for raw in leads.values():
+                out.write(raw)
             for n in self.batch_numbers():
                 path = self.batch_path(n)
                 for i, (raw, record) in enumerate(_iter_lines(path, report, self._accounted.get(path))):
@@ -255,29 +267,34 @@ class RunFiles:
                         line = _merged_line(raw, record)
                         if on_record:
                             on_record(record)
-                    if lead is None or (n, i) != lead[:2]:
+                    if (n, i) not in leads:
                         out.write(line if line.endswith(b"\n") else line + b"\n")
                     report.kept += 1
             out.flush()
             os.fsync(out.fileno())
 
-    def _first_tool_entry(self) -> tuple[int, int, bytes] | None:
-        """(batch, line position, line) of the first kept entry with a tool call in the newest batch holding one."""
+    def _lead_entries(self) -> dict[tuple[int, int], bytes]:
+        """(batch, line position) → line of the entries the merge keeps that show a kind no other lead did."""
+        leads: dict[tuple[int, int], bytes] = {}
+        missing = set(VALUE_KINDS)
         for n in reversed(self.batch_numbers()):
-            path = self.batch_path(n)
-            accounted = self._accounted.get(path)
-            for i, (offset, raw, record) in enumerate(_lines(path, None, accounted)):
-                if record is ACCOUNTED:
-                    found = accounted[offset][1]
-                elif trajectory_problem(record) is not None:
+            for i, raw in enumerate(_iter_raw(self.batch_path(n))):
+                if not may_show(raw, missing):
+                    continue  # most lines: no JSON parsing
+                try:
+                    record = json.loads(raw)
+                except (ValueError, RecursionError):
                     continue
-                else:
-                    turns = record["conversations"]
-                    found = any(t.get("tool_calls") for t in turns) and not unknown_tools(turns)
-                if found:
-                    line = raw if record is ACCOUNTED else _merged_line(raw, record)
-                    return n, i, line if line.endswith(b"\n") else line + b"\n"
-        return None
+                if trajectory_problem(record) is not None or unknown_tools(record["conversations"]):
+                    continue
+                new = shown_kinds(record) & missing
+                if new:
+                    line = _merged_line(raw, record)
+                    leads[n, i] = line if line.endswith(b"\n") else line + b"\n"
+                    missing -= new
+                    if not missing:
+                        return leads
+        return leads
 
 
 def _merged_line(raw: bytes, record: dict) -> bytes:
@@ -295,9 +312,8 @@ def _count_prompts(path: str, into: Counter, merged_only: bool = False) -> None:
             continue
         if merged_only and unknown_tools(record["conversations"]):
             continue
-        prompt = first_human(record)
-        if isinstance(prompt, str):
-            into[prompt_key(prompt)] += 1
+        if (key := sample_key(record)) is not None:
+            into[key] += 1
 
 
 def iter_records(path: str) -> Iterator[dict]:
@@ -338,8 +354,11 @@ def _iter_lines(path: str, report: MergeReport | None, accounted=None) -> Iterat
         yield raw, record
 
 
-def _lines(path: str, report: MergeReport | None, accounted=None) -> Iterator[tuple[int, bytes, object]]:
-    """(offset, line, parsed value or NOT_JSON) of every non-blank line; ACCOUNTED lines are not parsed."""
+def _lines(
+    path: str, report: MergeReport | None, accounted=None, parse: bool = True
+) -> Iterator[tuple[int, bytes, object]]:
+    """(offset, line, parsed value or NOT_JSON) of every non-blank line; ACCOUNTED lines (and all without
+    `parse`, then yielded with None) are not parsed."""
     try:
         f = open(path, "rb", buffering=1 << 20)  # lines of ~10 KB: a default 8 KB buffer reads each in pieces
     except FileNotFoundError:
@@ -352,7 +371,10 @@ def _lines(path: str, report: MergeReport | None, accounted=None) -> Iterator[tu
                 report.bytes_read += len(raw)
             if not raw.strip():
                 continue
-            if accounted is not None and accounted.get(at, (None,))[0] == len(raw):
+            if not parse:
+                yield at, raw, None
+                continue
+            if accounted is not None and accounted.get(at) == len(raw):
                 yield at, raw, ACCOUNTED
                 continue
             try:
@@ -360,6 +382,12 @@ def _lines(path: str, report: MergeReport | None, accounted=None) -> Iterator[tu
             except (ValueError, RecursionError):  # not JSON, or nested past any sane depth
                 record = NOT_JSON
             yield at, raw, record
+
+
+def _iter_raw(path: str) -> Iterator[bytes]:
+    """The non-blank lines of a file, as bytes (a missing file has none)."""
+    for _offset, raw, _record in _lines(path, None, None, parse=False):
+        yield raw
 
 
 def _lock_holder(fd: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agentbatch.model.usage import COST_DIGITS, cost_of
+from agentbatch.outcome_stats import format_outcomes
 from agentbatch.tools.registry import ALL_TOOL_NAMES
 from trajectory import STOP_REASONS, reasoning_counts
 
@@ -123,7 +124,7 @@ class RunStats:
         self.turns_without_reasoning += without_r
         _add_tokens(self.tokens_kept, record.get("usage"))
         self.cost_kept += cost_of(record.get("usage"))
-        if "passed" in record:
+        if record.get("passed") is not None:  # checked (a line without a check has passed null)
             self.rewards = True
             self.passing += record["passed"] is True
         self._group(record, "trajectory", (record.get("metadata") or {}).get("model"))
@@ -210,9 +211,12 @@ def _add_tokens(into: dict[str, int], usage: object) -> None:
 
 def format_summary(stats: dict) -> str:
     """The printed end-of-run summary."""
+    samples = (stats.get("outcomes") or {}).get("samples_per_prompt") or 1
+    total = stats["prompts"]["total"]
+    what = f"{total // samples} prompts × {samples} samples" if samples > 1 else f"{total} prompts"
     lines = [
         "",
-        f"Run {stats.get('run_name')}: {stats['prompts']['total']} prompts in the dataset",
+        f"Run {stats.get('run_name')}: {what} in the dataset",
         f"  done {stats['prompts']['done']}  (completed {stats['completed']}, partial {stats['partial']}, "
         f"max turns reached {stats['max_turns_reached']})",
         f"  discarded {stats['discarded']}  {stats['discard_reasons'] or ''}".rstrip(),
@@ -236,6 +240,7 @@ def format_summary(stats: dict) -> str:
             f"  cost: ${c['total']:.4f} (trajectories ${c['trajectories']:.4f}, discarded ${c['discarded']:.4f}, "
             f"failed attempts ${c['failed_attempts']:.4f}){per}"
         )
+    lines += format_outcomes(stats.get("outcomes"))
     used = {n: s for n, s in stats["tools"].items() if s["count"]}
     if used:
         lines.append(f"  {'tool':<20}{'calls':>8}{'ok':>8}{'failed':>8}{'rate':>8}")

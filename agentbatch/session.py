@@ -18,14 +18,14 @@ from agentbatch.budget import Budget, BudgetSettings, spent_in
 from agentbatch.dataset import Entry
 from agentbatch.errors import FatalError
 from agentbatch.executors.base import Executor
+from agentbatch.outcome_stats import OutcomeStats
 from agentbatch.progress import Progress
 from agentbatch.prompt_runner import PromptOutcome, PromptTask, RunConfig, now_iso
-from agentbatch.run_files import RunFiles, iter_records, prompt_key
+from agentbatch.run_files import RunFiles, iter_records, prompt_key, sample_key
 from agentbatch.run_statistics import RunStats, format_summary
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
 from agentbatch.tools.registry import unavailable_tools
 from toolset_distributions import TOOLSET_OF, Distribution, prompt_rng, sample_toolsets
-from trajectory import first_human
 
 log = logging.getLogger("batch_runner")
 CHECKPOINT_SECONDS = 2.0
@@ -60,9 +60,11 @@ class Session:
         dist: Distribution,
         seed: int | None,
         resume: bool,
+        samples_per_prompt: int = 1,
     ):
         self.cfg, self.files, self.entries = cfg, files, entries
         self.batch_size, self.dist, self.seed, self.resume = batch_size, dist, seed, resume
+        self.samples = samples_per_prompt
         self.counts = Counter()
         self.distribution = dist.name
         self.dataset_file = ""
@@ -73,6 +75,7 @@ class Session:
         # The merge's statistics: this session's trajectories are counted as they are written, so the merge
         # at the end copies their lines instead of reading each back (RunFiles.append).
         self._stats = RunStats()
+        self._outcomes = OutcomeStats()
         self._kept: Counter = Counter()
         self.budget_settings = BudgetSettings()
         self.budget: Budget | None = None
@@ -110,11 +113,9 @@ class Session:
         self._warn_unavailable_tools()
         remaining = self._remaining()
         first_batch = max(files.batch_numbers(), default=-1) + 1
-        print(
-            f"{len(self.entries)} prompts, {len(self.entries) - len(remaining)} already done, "
-            f"{len(remaining)} to run -> {files.dir}",
-            file=sys.stderr,
-        )
+        total = len(self.entries) * self.samples
+        what = f"{len(self.entries)} prompts × {self.samples} samples" if self.samples > 1 else f"{total} prompts"
+        print(f"{what}, {total - len(remaining)} already done, {len(remaining)} to run -> {files.dir}", file=sys.stderr)
         if self.budget_settings.active:
             self.budget = Budget(self.budget_settings, spent_in(files))
             if remaining and not self.budget.may_start(0):  # already spent: no workers to start
@@ -230,24 +231,29 @@ class Session:
         for reason, names in by_reason.items():
             print(f"warning: not offered: {', '.join(names)}: {reason}", file=sys.stderr)
 
-    def _remaining(self) -> list[tuple[int, Entry]]:
-        """Entries not yet answered, matched by prompt text: k copies are done once k lines answer them."""
+    def _remaining(self) -> list[tuple[int, Entry, int]]:
+        """(index, entry, sample index) of the samples not yet answered, matched by (prompt text, sample index):
+        sample s of a text that occurs k times is done once k lines with that text and sample index exist."""
         budget = self.files.done_counts() if self.resume else Counter()
         remaining = []
         for i, e in enumerate(self.entries):
             k = prompt_key(e.prompt)
-            if budget[k] > 0:
-                budget[k] -= 1
-            else:
-                remaining.append((i, e))
+            for s in range(self.samples):
+                if budget[k, s] > 0:
+                    budget[k, s] -= 1
+                else:
+                    remaining.append((i, e, s))
         return remaining
 
-    def _tasks(self, remaining: list[tuple[int, Entry]], first_batch: int) -> Iterator[PromptTask]:
-        for j, (i, e) in enumerate(remaining):
+    def _tasks(self, remaining: list[tuple[int, Entry, int]], first_batch: int) -> Iterator[PromptTask]:
+        for j, (i, e, s) in enumerate(remaining):
+            # Drawn from the prompt's index alone: every sample of a prompt gets the same tools, so its
+            # samples differ only by the model's own variation (what pass@k measures).
             toolsets = sample_toolsets(self.dist, prompt_rng(self.seed, i))
-            task = PromptTask(i, e.prompt, first_batch + j // self.batch_size, toolsets, e.image, e.cwd)
-            self._tasks_started[task.index] = task
-            self.view.started(task.index)
+            batch = first_batch + j // self.batch_size
+            task = PromptTask(i, e.prompt, batch, toolsets, e.image, e.cwd, s, e.setup, e.verify, e.answers)
+            self._tasks_started[task.key] = task
+            self.view.started(task.key)
             yield task
 
     def _admit(self) -> bool:
@@ -262,11 +268,12 @@ class Session:
 
     def _record(self, o: PromptOutcome) -> None:
         files = self.files
-        task = self._tasks_started.pop(o.index, None)
+        task = self._tasks_started.pop(o.key, None)
         if o.status == "done":
             if files.append(files.batch_path(o.batch_num), o.record, kept=True):
                 self._stats.add_trajectory(o.record)
-                _count_prompt(o.record, self._kept)
+                self._outcomes.add(o.record)
+                _count_sample(o.record, self._kept)
         elif o.status == "discarded":
             files.append(files.path("discarded.jsonl"), dict(o.record, discard_reason=o.error))
         else:
@@ -274,6 +281,7 @@ class Session:
                 files.path("failed.jsonl"),
                 {
                     "prompt_index": o.index,
+                    "sample_index": o.sample_index,
                     "prompt": o.prompt,
                     "error": o.error,
                     "timestamp": now_iso(),
@@ -287,7 +295,7 @@ class Session:
         self.counts[o.status] += 1
         if self.budget is not None:
             self.budget.add(o.usage)
-        self.view.finished(o.index, o.status, o.seconds, o.usage)
+        self.view.finished(o.key, o.status, o.seconds, o.usage)
         if self.cfg.verbose:
             preview = o.prompt[: self.cfg.log_prefix_chars].replace("\n", " ")
             error = f" — {o.error}" if o.error else ""
@@ -344,16 +352,18 @@ class Session:
         """Checkpoint, merge, and statistics computed from the files themselves."""
         self.files.close()
         self._checkpoint(state=state)
-        stats, kept, discarded = self._stats, self._kept, Counter()
+        stats, outcomes, kept, discarded = self._stats, self._outcomes, self._kept, Counter()
 
         def on_kept(record: dict) -> None:
             stats.add_trajectory(record)
-            _count_prompt(record, kept)
+            outcomes.add(record)
+            _count_sample(record, kept)
 
         report = self.files.merge(on_kept)
         for line in self.files.discarded_records():
             stats.add_discarded(line)
-            _count_prompt(line, discarded)
+            outcomes.add(line)
+            _count_sample(line, discarded)
         for line in iter_records(self.files.path("failed.jsonl")):
             stats.add_failed_attempt(line)
         prompts = self._prompt_outcomes(kept, discarded)
@@ -372,14 +382,16 @@ class Session:
             duration_seconds=round(self._duration(), 3),
             updated_at=now_iso(),
         )
+        doc["outcomes"] = outcomes.to_dict(self.samples)
         self.files.write_json("statistics.json", doc)
         return doc
 
     def _prompt_outcomes(self, kept: Counter, discarded: Counter) -> dict:
-        """Dataset prompts by their last word: done, discarded, failed, or not run yet."""
-        dataset = Counter(prompt_key(e.prompt) for e in self.entries)
+        """The dataset's samples (one per prompt unless --samples_per_prompt) by their last word: done,
+        discarded, failed, or not run yet."""
+        dataset = Counter((prompt_key(e.prompt), s) for e in self.entries for s in range(self.samples))
         failures = self.files.failure_counts()
-        out = Counter(total=len(self.entries))
+        out = Counter(total=len(self.entries) * self.samples)
         for k, n in dataset.items():
             done = min(n, kept[k])
             disc = min(n - done, discarded[k])
@@ -398,7 +410,6 @@ def _number(value: object) -> float:
     return float(value)
 
 
-def _count_prompt(record: dict, into: Counter) -> None:
-    prompt = first_human(record)
-    if isinstance(prompt, str):
-        into[prompt_key(prompt)] += 1
+def _count_sample(record: dict, into: Counter) -> None:
+    if (key := sample_key(record)) is not None:
+        into[key] += 1

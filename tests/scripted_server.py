@@ -35,6 +35,10 @@ Reply spec keys (all optional):
   completion (odd but valid JSON, or not JSON at all).
 * ``trickle_seconds``: the reply body is sent one byte at a time, this many
   seconds apart (a server that never stops sending but never finishes).
+* ``logprobs``: sent only when the request asks ``logprobs: true``: a list of
+  ``[token, logprob]`` pairs, or true for one token per character of the
+  content (logprob -0.01 x position). ``token_ids``: a list of ints, or true
+  for 1000 + position, put on the choice as vLLM's ``return_token_ids`` does.
 * ``fault``: "500"/"429"/"400"/any status digits, "context_length", "drop",
   "malformed" or "slow" (``slow_seconds``, default 30, then a normal reply).
   ``fault_times`` (default 1, -1 = always) is how many requests for this
@@ -96,6 +100,7 @@ from scripted_replies import (
     MALFORMED_BODY,
     MODEL_ID,
     PNG_BYTES,
+    build_logprobs,
     build_message,
     error_body,
     prompt_of,
@@ -351,13 +356,18 @@ class _Handler(BaseHTTPRequestHandler):
             reply = spec["raw"].encode("utf-8", "surrogatepass")
         else:
             msg, finish = build_message(spec, turn)
+            choice = {"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}
+            if body.get("logprobs"):  # as real servers do: log probabilities only when asked for
+                choice["logprobs"], token_ids = build_logprobs(spec, msg.get("content"))
+                if token_ids is not None:
+                    choice["token_ids"] = token_ids
             reply = json.dumps(
                 {
                     "id": f"chatcmpl-scripted-{next(owner._completion_ids)}",
                     "object": "chat.completion",
                     "created": int(time.time()),
                     "model": body.get("model") or MODEL_ID,
-                    "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
+                    "choices": [choice],
                     "usage": spec.get("usage") or dict(DEFAULT_USAGE),
                     "system_fingerprint": None,
                 }

@@ -226,9 +226,12 @@ def test_merge_puts_a_tool_using_entry_first_so_any_order_of_batches_loads(lines
     report = files.merge()
     assert report.kept == N_LINES
     merged = [json.loads(line) for line in open(files.path("trajectories.jsonl"), encoding="utf-8")]
-    lead = next(x for x in ordered[half:] if tool_turns(x))  # from the newest batch holding a tool entry
-    assert merged[0] == lead
-    assert merged[1:] == [r for r in ordered if r is not lead]
+    # The leads come from the newest batch first: its first line (showing the outcome fields, as every line
+    # does), then its first tool-using line if that first line has no tool call.
+    newest = ordered[half:]
+    leads = [newest[0]] if tool_turns(newest[0]) else [newest[0], next(x for x in newest if tool_turns(x))]
+    assert merged[: len(leads)] == leads
+    assert merged[len(leads) :] == [r for r in ordered if all(r is not x for x in leads)]
     ds = _load(files.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
     assert ds.num_rows == N_LINES
 

@@ -33,7 +33,7 @@ class Slots:
     def __init__(self, workers: int, per_worker: int, total: int | None = None):
         self.per_worker = per_worker
         self.total = total or workers * per_worker  # workers × per_worker may round the sessions asked for up
-        self.held: list[dict[int, PromptTask]] = [{} for _ in range(workers)]
+        self.held: list[dict[tuple[int, int], PromptTask]] = [{} for _ in range(workers)]
         self.count = 0
 
     def fill(
@@ -47,15 +47,15 @@ class Slots:
             task = next(pending, None)
             if task is None:
                 return True
-            self.held[worker][task.index] = task
+            self.held[worker][task.key] = task
             self.count += 1
             send(worker, task)
         return False
 
-    def release(self, index: int) -> None:
-        """A prompt's outcome arrived: its slot is free."""
+    def release(self, key: tuple[int, int]) -> None:
+        """A sample's outcome arrived (key: its prompt and sample index): its slot is free."""
         for held in self.held:
-            if held.pop(index, None) is not None:
+            if held.pop(key, None) is not None:
                 self.count -= 1
                 return
 
@@ -73,4 +73,4 @@ class Slots:
 
 def lost(task: PromptTask, error: str) -> PromptOutcome:
     """The outcome of a prompt whose worker died with it."""
-    return PromptOutcome(task.index, task.prompt, task.batch_num, "failed", error=error)
+    return PromptOutcome(task.index, task.prompt, task.batch_num, "failed", error=error, sample_index=task.sample_index)

@@ -201,7 +201,7 @@ class LocalExecutor:
                     if w.results in ready or dead:
                         outcomes, eof = _drain(w.results, 0.5 if dead else 0.0)  # a dead one's last words too
                         for outcome in outcomes:
-                            slots.release(outcome.index)
+                            slots.release(outcome.key)
                             yield outcome
                         dead = dead or eof
                     if dead:

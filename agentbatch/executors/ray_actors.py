@@ -98,7 +98,7 @@ class RayExecutor:
                     ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
                 for ref in ready:
                     slot, actor, task = refs.pop(ref)
-                    slots.release(task.index)
+                    slots.release(task.key)
                     yield self._outcome(ref, slot, actor, task)
         finally:
             for actor in self.actors:

@@ -65,9 +65,10 @@ class ModelSettings:
     workers: int = 1  # processes calling the endpoint at once, each pacing its share of its rate limit
     pacing: bool = True  # False sends every call at once, as the runner did before (the benchmarks' baseline)
     pacing_dir: str | None = None  # where the workers tell each other an endpoint's rate limit (rate_limit.py)
+    logprobs: bool = False
 
     def extra_body(self, main: bool = True) -> dict:
-        """OpenRouter's `provider` and (for the main model only) `reasoning` request fields, when asked for."""
+        """OpenRouter's `provider` and (for the main model only) `reasoning` and `logprobs` fields, when asked for."""
         body: dict[str, Any] = {}
         provider = {
             k: v
@@ -89,6 +90,8 @@ class ModelSettings:
             body["usage"] = {"include": True}
         if not main:
             return body
+        if self.logprobs:
+            body["logprobs"] = True
         if self.reasoning_disabled:
             body["reasoning"] = {"effort": "none"}
         elif self.reasoning_effort:
