@@ -8,7 +8,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from agentbatch import flag_checks as check
-from agentbatch import flags, secrets_guard
+from agentbatch import flags, sandboxes, secrets_guard
 from agentbatch.dataset import load_entries
 from agentbatch.errors import FatalError
 from agentbatch.executors.base import Executor, threads_per_worker
@@ -53,6 +53,8 @@ def run(raw: dict[str, Any]) -> int:
         moa_models=f["moa_models"],
         moa_aggregator=f["moa_aggregator"],
     )
+    # Probed once, here: bwrap where it works, else local (a one-line note says which, printed as the run starts).
+    sandbox_kind, sandbox_note = sandboxes.choose(f["sandbox"], network=f["sandbox_network"])
     with ExitStack() as stack:
         if local:
             from agentbatch.model import local_server
@@ -81,11 +83,16 @@ def run(raw: dict[str, Any]) -> int:
             ),
             tools=tools,
             sandbox=SandboxSettings(
-                kind=f["sandbox"],
+                kind=sandbox_kind,
                 docker_image=f["docker_image"],
                 memory=f["docker_memory"],
                 cpus=f["docker_cpus"],
                 pids=f["docker_pids"],
+                network=f["sandbox_network"],
+                processes=f["sandbox_processes"],
+                memory_bytes=f["sandbox_memory"],
+                file_size_bytes=f["sandbox_file_size"],
+                cpu_seconds=f["sandbox_cpu_seconds"],
             ),
             max_turns=f["max_turns"],
             system_prompt=f["ephemeral_system_prompt"],
@@ -98,6 +105,7 @@ def run(raw: dict[str, Any]) -> int:
         files = RunFiles(os.path.join(f["output_dir"], f["run_name"]), secrets=secrets)
         session = Session(cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"])
         session.dataset_file = f["dataset_file"]
+        session.sandbox_note = sandbox_note
         return session.run(executor(cfg, f["num_workers"], f["concurrency"], f["ray_address"]))
 
 
