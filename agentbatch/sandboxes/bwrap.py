@@ -114,7 +114,7 @@ class BwrapSandbox:
         self.workdir = posixpath.normpath(spec.cwd) if spec.cwd else DEFAULT_WORKDIR
         self._user = sandbox_user()
         # The base stays the runner's (others may only pass through it); work/ and tmp/ are the sandbox user's.
-        self._base = sandbox_dirs.make(0o711)
+        self._base = sandbox_dirs.make(0o711, reachable=self._user is not None)
         self._work = os.path.join(self._base, "work")
         self._tmp = os.path.join(self._base, "tmp")
         for d in (self._work, self._tmp):
@@ -131,38 +131,55 @@ class BwrapSandbox:
         mounts += [(p, None, False) for p in PRIVATE_DIRS]
         mounts += [(d, None, False) for d in SYSTEM_DIRS if os.path.islink(d)]
         self._mounts = sorted(mounts, key=lambda m: len(m[0]), reverse=True)
-        self._prefix = self._bwrap_args(system_args)
+        self._outer, opts, self._inner = self._bwrap_args(system_args)
+        self._options = b"".join(o.encode() + b"\0" for o in opts)
 
-    def _bwrap_args(self, system_args: tuple[str, ...]) -> list[str]:
+    def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+        """The command line before bwrap's options, the options (given on a pipe), and what follows them."""
         tools, s = _tools(), self.settings
-        argv: list[str] = []
+        outer: list[str] = []
         if self._user:
             uid, gid = self._user
-            argv += [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
-        argv += [tools["bwrap"], "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-        argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
+            outer += [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+        outer.append(tools["bwrap"])
+        opts = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        opts += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
         if not s.network:
-            argv.append("--unshare-net")
+            opts.append("--unshare-net")
         if self.workdir == "/":
-            argv += ["--bind", self._work, "/"]
-        argv += [*system_args, "--proc", "/proc", "--dev", "/dev"]
-        argv += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
+            opts += ["--bind", self._work, "/"]
+        opts += [*system_args, "--proc", "/proc", "--dev", "/dev"]
+        opts += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
         if self.workdir == "/tmp":
-            argv += ["--bind", self._work, "/tmp"]
+            opts += ["--bind", self._work, "/tmp"]
         else:
-            argv += ["--bind", self._tmp, "/tmp"]
+            opts += ["--bind", self._tmp, "/tmp"]
             if self.workdir != "/":
-                argv += ["--bind", self._work, self.workdir]
+                opts += ["--bind", self._work, self.workdir]
         if self.workdir != "/":
-            argv += ["--remount-ro", "/"]
-        argv += ["--chdir", self.workdir, "--", tools["prlimit"]]
-        argv += [f"--nproc={s.processes}", f"--data={s.memory_bytes}", f"--fsize={s.file_size_bytes}"]
-        argv += [f"--cpu={s.cpu_seconds}", "--"]
-        return argv
+            opts += ["--remount-ro", "/"]
+        opts += ["--chdir", self.workdir]
+        # The limits apply inside the new user namespace, so the process count is this sandbox's alone.
+        inner = ["--", tools["prlimit"], f"--nproc={s.processes}", f"--data={s.memory_bytes}"]
+        inner += [f"--fsize={s.file_size_bytes}", f"--cpu={s.cpu_seconds}", "--"]
+        return outer, opts, inner
+
+    def _argv(self, command: list[str]) -> tuple[list[str], int]:
+        """The command line of one sandboxed command, and the pipe with bwrap's options (close it after)."""
+        # Options on a pipe keep the host's paths out of PID 1's command line, which `ps` shows the model.
+        read, write = os.pipe()
+        os.write(write, self._options)
+        os.close(write)
+        return [*self._outer, "--args", str(read), *self._inner, *command], read
 
     def exec(self, command: str, timeout: float) -> ExecResult:
-        argv = [*self._prefix, "/bin/sh", "-c", START, "sh", command]
-        done = stream(argv, env=self._env, cwd="/", timeout=timeout, kill=lambda proc: proc.kill())
+        argv, options = self._argv(["/bin/sh", "-c", START, "sh", command])
+        try:
+            done = stream(
+                argv, env=self._env, cwd="/", timeout=timeout, kill=lambda proc: proc.kill(), pass_fds=(options,)
+            )
+        finally:
+            os.close(options)
         started = done.output.take_prefix(STARTED)
         if done.timed_out:
             return ExecResult(done.output.text(), -9, timed_out=True)
@@ -213,13 +230,21 @@ class BwrapSandbox:
         return None
 
     def _file_op(self, op: str, path: str, limit: str, data: bytes = b"") -> bytes:
-        argv = [*self._prefix, "/bin/sh", "-c", FILE_OP, "sh", op, path, limit]
+        argv, options = self._argv(["/bin/sh", "-c", FILE_OP, "sh", op, path, limit])
         try:
             done = subprocess.run(
-                argv, input=data, capture_output=True, env=self._env, cwd="/", timeout=FILE_OP_TIMEOUT
+                argv,
+                input=data,
+                capture_output=True,
+                env=self._env,
+                cwd="/",
+                timeout=FILE_OP_TIMEOUT,
+                pass_fds=(options,),
             )
         except subprocess.TimeoutExpired:
             raise OSError(f"{path}: the file operation did not finish in {FILE_OP_TIMEOUT:g} s") from None
+        finally:
+            os.close(options)
         # "sh: 19: cannot create /etc/x: Read-only file system": the script's line number means nothing to the model.
         message = re.sub(r"^sh: \d+: ", "", _one_line(done.stderr.decode("utf-8", "replace")))
         if not done.stdout.startswith(STARTED):

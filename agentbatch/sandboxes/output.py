@@ -80,6 +80,7 @@ def stream(
     timeout: float,
     kill: Callable[[subprocess.Popen], None],
     settle: Callable[[], None] | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> Streamed:
     """Run argv with stdout and stderr into one bounded buffer until it exits or `timeout` passes.
 
@@ -95,6 +96,7 @@ def stream(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        pass_fds=pass_fds,
     )
     out = BoundedOutput()
     fd = proc.stdout.fileno()

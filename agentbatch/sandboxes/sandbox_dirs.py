@@ -44,11 +44,30 @@ def owner_tag() -> str:
     return _owner_tag(os.getpid())
 
 
-def make(mode: int = 0o700) -> str:
-    """A fresh sandbox directory owned by this process."""
-    path = tempfile.mkdtemp(prefix=f"{PREFIX}{owner_tag()}-")
+def make(mode: int = 0o700, reachable: bool = False) -> str:
+    """A fresh sandbox directory owned by this process; `reachable`: in a directory any user may pass through."""
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{owner_tag()}-", dir=shared_base() if reachable else None)
     os.chmod(path, mode)
     return path
+
+
+def shared_base() -> str:
+    """The temp directory if every user may pass through it (bwrap binds from the sandbox user's view), else /tmp."""
+    base = tempfile.gettempdir()
+    path = base
+    while True:
+        try:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                return "/tmp"
+        except OSError:
+            return "/tmp"
+        if path == "/":
+            return base
+        path = os.path.dirname(path)
+
+
+def _bases() -> set[str]:
+    return {tempfile.gettempdir(), shared_base()}
 
 
 def owner_alive(name: str) -> bool:
@@ -62,11 +81,17 @@ def owner_alive(name: str) -> bool:
 
 def dead_leftovers() -> list[str]:
     """Paths of this user's sandbox directories whose owner process is dead."""
-    base = tempfile.gettempdir()
-    try:
-        names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
-    except OSError:
-        return []
+    out = []
+    for base in _bases():
+        try:
+            names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
+        except OSError:
+            continue
+        out += _dead(base, names)
+    return out
+
+
+def _dead(base: str, names: list[str]) -> list[str]:
     out = []
     for name in names:
         path = os.path.join(base, name)
