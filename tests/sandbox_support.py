@@ -115,3 +115,42 @@ def cpu_load(processes: int = 3):
         for p in procs:
             p.kill()
             p.wait()
+
+
+class PeakTreeMemory:
+    """The peak summed RSS of a process and its descendants, sampled every 50 ms while in the block."""
+
+    def __init__(self, pid: int):
+        import threading
+
+        import psutil
+
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._halt.is_set():
+            total = 0
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            self.peak = max(self.peak, total)
+            self._halt.wait(0.05)
+
+    def __enter__(self) -> PeakTreeMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._halt.set()
+        self._thread.join()
