@@ -34,10 +34,12 @@ MIB = 1024**2
 class Server:
     """scripted_server.py in a separate process."""
 
-    def __init__(self, latency: float, jitter: float = 0.0, heavy_tail: bool = False, seed: int = 0):
+    def __init__(
+        self, latency: float, jitter: float = 0.0, heavy_tail: bool = False, seed: int = 0, replies: list | None = None
+    ):
         OUT.mkdir(parents=True, exist_ok=True)
-        script = OUT / "default_script.json"
-        script.write_text(json.dumps(DEFAULT_SCRIPT))
+        script = OUT / ("default_script.json" if replies is None else f"script_{os.getpid()}.json")
+        script.write_text(json.dumps(DEFAULT_SCRIPT if replies is None else replies))
         cmd = [
             sys.executable,
             str(ROOT / "tests" / "scripted_server.py"),

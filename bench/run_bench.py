@@ -4,6 +4,7 @@
     python bench/run_bench.py --only 1,2      # some of them: 1 throughput, 2 memory, 3 CPU, 4 resume, 5 batch vs prompt
     python bench/run_bench.py --only 1b       # only the concurrency-256 throughput run of (1)
     python bench/run_bench.py --only 6        # optional: throughput through Ray (--ray_address=local)
+    python bench/run_bench.py --only 7        # optional: per-prompt cost of the bwrap, local and docker sandboxes
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -21,6 +22,7 @@ import time
 
 import psutil
 from bench_resume import bench_resume
+from bench_sandboxes import bench_sandboxes
 from bench_scheduling import bench_scheduling
 from common import CALLS_PER_PROMPT, GIB, MIB, OUT, Server, check_all_done, report, run_cli, write_dataset
 
@@ -102,7 +104,9 @@ def bench_ray(results: dict, n: int = 1000, conc: int = 64) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="1,2,3,4,5", help="comma-separated benchmark numbers (6 = Ray)")
+    parser.add_argument(
+        "--only", default="1,2,3,4,5", help="comma-separated benchmark numbers (6 = Ray, 7 = sandboxes)"
+    )
     which = parser.parse_args().only.replace(",", "")
     OUT.mkdir(parents=True, exist_ok=True)
     results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "python": sys.version.split()[0]}
@@ -118,6 +122,8 @@ def main() -> int:
         bench_scheduling(results)
     if "6" in which:
         bench_ray(results)
+    if "7" in which:
+        bench_sandboxes(results)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 
