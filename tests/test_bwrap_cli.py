@@ -87,18 +87,20 @@ def test_a_probing_model_finds_no_runner_no_key_and_no_way_out(tmp_path):
     canary.write_text("host file\n")
     outside = tmp_path / "outside"
     outside.mkdir()
-    host_pids = [os.getpid(), os.getppid()]
-    probes = [
-        "ps -eo pid,args --no-headers",
-        "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' ' '",
-        " ; ".join(f"cat /proc/{p}/cmdline /proc/{p}/environ /proc/{p}/mem 2>&1 | head -c 300" for p in host_pids),
-        "env; cat /proc/self/environ | tr '\\0' '\\n'",
-        f"echo x > {canary}; echo x >> ../{canary.name}; ls {tmp_path} 2>&1; echo y > /etc/evil; touch /root/x",
-        f"ln -s {canary} link; echo x > link; ln {canary} hard; ln /etc/hostname hard2; echo done",
-        f"cd /tmp && ln -s {outside} out && echo x > out/escaped; echo done",
-    ]
-    script = {
-        "probe": [
+
+    def probing(host_pids: list[int]) -> list[dict]:
+        probes = [
+            "ps -eo pid,args --no-headers",
+            "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; "
+            "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' ' '",
+            " ; ".join(f"cat /proc/{p}/cmdline /proc/{p}/environ /proc/{p}/mem 2>&1 | head -c 300" for p in host_pids),
+            "env; cat /proc/self/environ | tr '\\0' '\\n'",
+            f"echo x > {canary}; echo x >> ../{canary.name}; ls {tmp_path} 2>&1; echo y > /etc/evil; touch /root/x",
+            f"ln -s {canary} link; echo x > link; ln {canary} hard; ln /etc/hostname hard2; echo done",
+            f"cd /tmp && ln -s {outside} out && echo x > out/escaped; echo done",
+        ]
+        return [
+            terminal("true"),
             *[terminal(c) for c in probes],
             call("write_file", path=str(canary), content="overwritten"),
             call("write_file", path="../../../.." + str(canary), content="overwritten"),
@@ -106,14 +108,31 @@ def test_a_probing_model_finds_no_runner_no_key_and_no_way_out(tmp_path):
             call("write_file", path="/tmp/out/escaped", content="overwritten"),
             call("write_file", path="/etc/evil", content="x"),
             call("read_file", path="/etc/shadow"),
-            call("read_file", path=f"/proc/{os.getpid()}/environ"),
+            call("read_file", path=f"/proc/{host_pids[0]}/environ"),
             {"content": "probed"},
         ]
-    }
-    flags = (f"--api_key={secret}", "--max_turns=20")
-    proc, run_dir = run(tmp_path, ["probe"], script, *flags, env={"OPENROUTER_API_KEY": secret})
+
+    data = write_dataset(tmp_path / "ds.jsonl", ["probe"])
+    args = [f"--dataset_file={data}", "--batch_size=10", "--run_name=box", f"--output_dir={tmp_path / 'out'}"]
+    args += ["--model=m", "--require_reasoning=false", "--distribution=terminal_only", "--num_workers=1"]
+    args += [f"--api_key={secret}", "--max_turns=20"]
+    with ScriptedServer(script={"probe": probing([os.getpid()])}) as srv:
+        runner = subprocess.Popen(
+            cli_command(args, srv),
+            cwd=tmp_path,
+            env=cli_env({"OPENROUTER_API_KEY": secret}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # The probes aim at the runner itself; the script is read per request, and the first reply
+        # (the same either way) comes long before the runner's workers could ask for the second.
+        srv.script["probe"] = probing([runner.pid, os.getpid()])
+        stdout, stderr = runner.communicate(timeout=180)
+    proc = subprocess.CompletedProcess(runner.args, runner.returncode, stdout, stderr)
     assert_clean_exit(proc)
-    out = results(run_dir.trajectories()[0])
+    run_dir = RunDir(tmp_path / "out" / "box")
+    out = results(run_dir.trajectories()[0])[1:]
     seen = json.dumps(out)
     assert secret not in seen and "BOXSECRET" not in seen
     processes = out[0]["output"] + out[1]["output"]
@@ -121,11 +140,13 @@ def test_a_probing_model_finds_no_runner_no_key_and_no_way_out(tmp_path):
     # Only the sandbox's own processes, with its own small PIDs.
     pids = [int(line.split()[0]) for line in out[0]["output"].splitlines()]
     assert max(pids) < 50 and len(pids) < 10, out[0]["output"]
-    assert "No such file" in out[2]["output"] and "root:" not in out[2]["output"]
+    for pid in (runner.pid, os.getpid()):  # the runner's /proc, and this test's, are not there at all
+        assert f"cat: /proc/{pid}/environ: No such file" in out[2]["output"], out[2]["output"]
+    assert "root:" not in out[2]["output"]
     assert "PATH=" in out[3]["output"]
     assert canary.read_text() == "host file\n" and list(outside.iterdir()) == []
     assert "Read-only file system" in out[4]["output"]
-    writes = out[len(probes) : len(probes) + 5]
+    writes = out[7:12]
     assert writes[0]["error"] is None  # the path exists only inside: the sandbox's own /tmp
     assert writes[1]["error"] is None and writes[2]["error"] is None  # likewise, and through the dangling link
     assert "File exists" in writes[3]["error"]  # /tmp/out is a link to nowhere inside
