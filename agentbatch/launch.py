@@ -10,7 +10,7 @@ from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
 from agentbatch import flag_checks as check
-from agentbatch import flags, process_guard, secrets_guard
+from agentbatch import flags, process_guard, sandboxes, secrets_guard
 from agentbatch.budget import BudgetSettings
 from agentbatch.dataset import load_entries
 from agentbatch.errors import FatalError
@@ -72,6 +72,8 @@ def run(raw: dict[str, Any]) -> int:
         moa_models=f["moa_models"],
         moa_aggregator=f["moa_aggregator"],
     )
+    # Probed once, here: bwrap where it works, else local (a one-line note says which, printed as the run starts).
+    sandbox_kind, sandbox_note = sandboxes.choose(f["sandbox"], network=f["sandbox_network"])
     with ExitStack() as stack:
         if local:
             from agentbatch.model import local_server
@@ -110,12 +112,17 @@ def run(raw: dict[str, Any]) -> int:
             ),
             tools=tools,
             sandbox=SandboxSettings(
-                kind=f["sandbox"],
+                kind=sandbox_kind,
                 docker_image=f["docker_image"],
                 memory=f["docker_memory"],
                 cpus=f["docker_cpus"],
                 pids=f["docker_pids"],
                 starts=sandbox_starts(f["sandbox_starts"], plan.processes),
+                network=f["sandbox_network"],
+                processes=f["sandbox_processes"],
+                memory_bytes=f["sandbox_memory"],
+                file_size_bytes=f["sandbox_file_size"],
+                cpu_seconds=f["sandbox_cpu_seconds"],
             ),
             limits=PromptLimits(f["prompt_timeout"], f["max_tokens_per_prompt"], f["max_cost_per_prompt"]),
             prices=Prices(f["price_input"] or 0.0, f["price_output"] or 0.0),
@@ -130,6 +137,7 @@ def run(raw: dict[str, Any]) -> int:
         )
         session.dataset_file = f["dataset_file"]
         session.session_id = session_id
+        session.sandbox_note = sandbox_note
         session.budget_settings = BudgetSettings(
             f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
         )

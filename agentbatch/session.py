@@ -69,6 +69,7 @@ class Session:
         self.distribution = dist.name
         self.dataset_file = ""
         self.session_id = new_session_id()
+        self.sandbox_note = ""
         self.started = time.monotonic()
         self.previous = {}
         self._last_checkpoint = 0.0
@@ -108,11 +109,13 @@ class Session:
         except OSError as e:
             raise FatalError(f"cannot write to {files.dir}: {e.strerror}") from None
         self.previous = files.read_json("checkpoint.json") or {}
-        kinds = {"docker"} if self.cfg.sandbox.kind == "docker" or any(e.image for e in self.entries) else set()
+        kinds = {self.cfg.sandbox.kind} | ({"docker"} if any(e.image for e in self.entries) else set())
         self._reap(kinds)
         self._warn_unavailable_tools()
         remaining = self._remaining()
         first_batch = max(files.batch_numbers(), default=-1) + 1
+        if self.sandbox_note:
+            print(self.sandbox_note, file=sys.stderr)
         total = len(self.entries) * self.samples
         what = f"{len(self.entries)} prompts × {self.samples} samples" if self.samples > 1 else f"{total} prompts"
         print(f"{what}, {total - len(remaining)} already done, {len(remaining)} to run -> {files.dir}", file=sys.stderr)
@@ -220,7 +223,10 @@ class Session:
                 log.info("no %s clean-up: %s", kind, e)
                 continue
             if n:
-                print(f"removed {n} containers {whose} of {self.cfg.run_name}", file=sys.stderr)
+                if kind == "docker":
+                    print(f"removed {n} containers {whose} of {self.cfg.run_name}", file=sys.stderr)
+                else:  # local and bwrap sandboxes are told apart by their dead worker, whatever the run
+                    print(f"removed {n} {kind} sandboxes whose worker had died", file=sys.stderr)
 
     def _warn_unavailable_tools(self) -> None:
         """One warning per missing backend, for the toolsets this distribution can sample, once at start."""

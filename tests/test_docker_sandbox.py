@@ -15,6 +15,7 @@ from helpers import make_ctx
 from agentbatch import sandboxes
 from agentbatch.sandboxes import docker as sandbox_docker
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, SandboxError, SandboxSettings, SandboxSpec, owner_labels
+from agentbatch.sandboxes.output import MAX_KEPT_OUTPUT
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import call_tool, load_tools
 from agentbatch.tools.settings import ToolSettings
@@ -291,7 +292,7 @@ def test_cleanup_is_idempotent_and_a_cleaned_sandbox_refuses_work(docker_images,
 def test_huge_output_keeps_head_and_tail(docker_images, docker_run_name):
     sandbox = sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))
     try:
-        cap = sandbox_docker.MAX_KEPT_OUTPUT
+        cap = MAX_KEPT_OUTPUT
         result = sandbox.exec(f"echo FIRST; yes filler | head -c {5 * cap}; echo; echo LAST", 60)
         assert result.exit_code == 0
         assert result.output.startswith("FIRST\n") and result.output.endswith("LAST\n")

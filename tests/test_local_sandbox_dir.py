@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tempfile
 
+import pytest
+
 from agentbatch.sandboxes.local import LocalSandbox
 
 
@@ -11,11 +13,12 @@ def sandbox_dirs(root) -> list:
     return sorted(p.name for p in root.iterdir() if p.name.startswith("br-sandbox-"))
 
 
-def test_reading_an_absolute_path_makes_no_directory(tmp_path, monkeypatch):
+def test_an_absolute_path_is_refused_without_making_a_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     (tmp_path / "data.txt").write_text("hello")
     sandbox = LocalSandbox()
-    assert sandbox.read_file(str(tmp_path / "data.txt")) == b"hello"
+    with pytest.raises(PermissionError, match="only inside the prompt's own directory"):
+        sandbox.read_file(str(tmp_path / "data.txt"))
     assert sandbox_dirs(tmp_path) == []
     sandbox.cleanup()
     assert sandbox_dirs(tmp_path) == []

@@ -40,7 +40,7 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class SandboxSettings:
-    """The run's sandbox choice and limits (from the flags)."""
+    """The run's sandbox choice and limits (from the flags): docker's, then bwrap's rlimits of each command."""
 
     kind: str = "local"
     docker_image: str | None = None
@@ -49,6 +49,11 @@ class SandboxSettings:
     pids: int = 256
     network: bool = True
     starts: int = 0  # sandboxes this process creates at once (0: no limit); see sandboxes/starts.py
+    processes: int = 256
+    memory_bytes: int = 1024**3
+    file_size_bytes: int = 1024**3
+    cpu_seconds: int = 600
+    local_containment: str | None = None  # None: the best this machine allows (tests name one)
 
 
 @dataclass
@@ -74,9 +79,13 @@ class Sandbox(Protocol):
 
     def exec(self, command: str, timeout: float) -> ExecResult: ...
 
-    def read_file(self, path: str) -> bytes: ...
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        """A regular file's bytes: at most `limit` of them, else all up to the backend's maximum (OSError past it)."""
 
     def write_file(self, path: str, data: bytes) -> None: ...
+
+    def confine(self, path: str) -> str:
+        """The path to give a command (a search) that must reach no further than the file tools; raises if not."""
 
     def cleanup(self) -> None: ...
 

@@ -27,6 +27,8 @@ import requests
 from docker.utils.socket import read as socket_read
 
 from agentbatch.sandboxes.base import ExecResult, SandboxError, SandboxLost, SandboxSpec
+from agentbatch.sandboxes.output import KILL_GRACE
+from agentbatch.sandboxes.output import BoundedOutput as _Output
 
 RUN_LABEL = "batch_runner.run"
 DEFAULT_WORKDIR = "/workspace"
@@ -35,8 +37,6 @@ KEEPALIVE = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; 
 PROBE = "command -v bash 2>/dev/null || echo; id -u 2>/dev/null || echo 0; id -g 2>/dev/null || echo 0"
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 MAX_FILE_BYTES = 64 * 1024 * 1024
-MAX_KEPT_OUTPUT = 2 * 1024 * 1024  # bytes kept from each end of a command's output
-KILL_GRACE = 3.0  # seconds the output stream gets to close after its processes were killed
 # A forced removal kills the command before the engine marks its container gone: how long a SIGKILLed
 # command waits for that mark before it counts as killed by something inside the container (OOM, say).
 LOST_SETTLE = 5.0
@@ -275,8 +275,8 @@ class DockerSandbox:
     def _path(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workdir, path))
 
-    def read_file(self, path: str) -> bytes:
-        """A file's bytes, symlinks followed; FileNotFoundError or IsADirectoryError as on a local disk."""
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        """A file's bytes (at most `limit`), symlinks followed; FileNotFoundError or IsADirectoryError as on a disk."""
         full = self._path(path)
         api = _client().api
         for _ in range(10):
@@ -302,7 +302,7 @@ class DockerSandbox:
                 member = next((m for m in tar.getmembers() if m.isfile()), None)
                 if member is None:
                     raise OSError(f"{full} is not a regular file")
-                return tar.extractfile(member).read()
+                return tar.extractfile(member).read(limit)
         raise OSError(f"too many levels of symbolic links: {path}")
 
     def write_file(self, path: str, data: bytes) -> None:
@@ -340,44 +340,15 @@ class DockerSandbox:
             tar.addfile(info, io.BytesIO(data))
         return buf.getvalue()
 
+    def confine(self, path: str) -> str:
+        """Any path: searches run inside the container, which is the confinement."""
+        return path
+
     def cleanup(self) -> None:
         """Force-remove the container and its anonymous volumes; never raises, safe to call twice."""
         cid, self.container_id = self.container_id, None
         if cid:
             _remove(cid)
-
-
-class _Output:
-    """A command's output, keeping the head and the tail when it runs past MAX_KEPT_OUTPUT at each end."""
-
-    def __init__(self):
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.cut = 0
-
-    def add(self, data: bytes) -> None:
-        room = MAX_KEPT_OUTPUT - len(self.head)
-        if room > 0 and not self.tail:
-            self.head += data[:room]
-            data = data[room:]
-        self.tail += data
-        if len(self.tail) > 2 * MAX_KEPT_OUTPUT:
-            drop = len(self.tail) - MAX_KEPT_OUTPUT
-            del self.tail[:drop]
-            self.cut += drop
-
-    def take_first_line(self) -> str | None:
-        """Remove and return the leading PID line; None (and nothing removed) if the output does not start with one."""
-        end = self.head.find(b"\n")
-        line = bytes(self.head[:end]).strip() if end >= 0 else b""
-        if not line.isdigit():
-            return None
-        del self.head[: end + 1]
-        return line.decode("ascii")
-
-    def text(self) -> str:
-        mid = f"\n... [{self.cut} bytes cut] ...\n".encode() if self.cut else b""
-        return (bytes(self.head) + mid + bytes(self.tail)).decode("utf-8", "replace")
 
 
 def _pump(sock, out: _Output, deadline: float) -> bool:
