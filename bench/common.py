@@ -152,6 +152,9 @@ def run_cli(
         f"--output_dir={runs}",
         *([f"--max_retries={retries}"] if retries is not None else []),
         "--seed=1",
+        # The figures measure the runner, not a sandbox: the local one, as when they were first taken
+        # (bench_sandboxes.py measures what bwrap and docker add).
+        *([] if any(e.startswith("--sandbox=") for e in extra) else ["--sandbox=local"]),
         *extra,
     ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
