@@ -20,6 +20,8 @@ def to_conversations(messages: list[dict]) -> list[dict]:
                 "from": "gpt",
                 "value": with_think_block(m.get("reasoning") or "", m.get("content") or ""),
             }
+            if m.get("logprobs"):
+                turn["logprobs"] = m["logprobs"]
             if m.get("tool_calls"):
                 turn["tool_calls"] = [
                     {
@@ -35,8 +37,18 @@ def to_conversations(messages: list[dict]) -> list[dict]:
     return turns
 
 
-# How a session ended, one value per way (README, "Output"); every trajectory line carries one.
-STOP_REASONS = ("answered", "max_turns", "length", "context", "invalid_tools")
+# How a session ended, one value per way (README, "Output"); every trajectory line carries one. time, tokens
+# and cost are the per-prompt limits; "error" is the stop_reason of a failed attempt's line in failed.jsonl.
+STOP_REASONS = ("answered", "max_turns", "length", "context", "invalid_tools", "time", "tokens", "cost", "error")
+
+
+def no_check() -> dict:
+    """The outcome fields of a line whose row has no check (README, "Verified outcomes")."""
+    return {
+        "reward": None,
+        "passed": None,
+        "check": {"status": "none", "exit_code": None, "output": "", "seconds": 0.0, "answer_matched": None},
+    }
 
 
 def with_think_block(reasoning: str, content: str) -> str:
@@ -192,8 +204,12 @@ def build_record(
     usage: dict,
     tool_schemas: list[dict],
     sample_index: int = 0,
+    outcome: dict | None = None,
 ) -> dict:
-    """One trajectory line; every line has the same keys and nested shape, so `datasets` loads any mix."""
+    """One trajectory line; every line has the same keys and nested shape, so `datasets` loads any mix.
+
+    `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()).
+    """
     conversations = to_conversations(messages)
     stats = tool_stats_of(messages)
     return {
@@ -204,13 +220,74 @@ def build_record(
         "partial": partial,
         "stop_reason": stop_reason,
         "sample_index": sample_index,
+        **(outcome or no_check()),
         "api_calls": api_calls,
         "toolsets_used": list(toolsets),
         "tool_stats": stats,
         "tool_error_counts": {name: s["failure"] for name, s in stats.items()},
-        "usage": {k: int(usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
-        "tools": json.dumps(tool_schemas, ensure_ascii=False),
+        "usage": {
+            **{k: int(usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+            # Always a float, 0.0 when unknown: `datasets` fixes a column's type from the first lines it reads.
+            "cost": float(usage.get("cost") or 0.0),
+        },
+        "tools": _schemas_text(tool_schemas),
     }
+
+
+_SCHEMA_TEXTS: dict[tuple[int, ...], tuple[list[dict], str]] = {}
+
+
+def _schemas_text(tool_schemas: list[dict]) -> str:
+    """The `tools` field: the same few schema lists recur on every line, so each is encoded once per process."""
+    key = tuple(map(id, tool_schemas))
+    hit = _SCHEMA_TEXTS.get(key)
+    if hit is None:
+        if len(_SCHEMA_TEXTS) > 512:  # lists of fresh dicts (not the registry's schemas) must not pile up
+            _SCHEMA_TEXTS.clear()
+        # The list is kept with its text, so the ids in the key stay those of these schemas.
+        hit = _SCHEMA_TEXTS[key] = (list(tool_schemas), json.dumps(tool_schemas, ensure_ascii=False))
+    return hit[1]
+
+
+# Values some lines show and others leave absent or null. `datasets` fixes each column's type from the first
+# lines it reads, and cannot cast a later number, list or new field into a column it typed as null or missing;
+# so the merge writes first one line showing each kind the file holds (run_files.RunFiles.merge). Each kind has
+# a byte pattern that a line showing it must contain (a key right before its value: JSON escapes quotes inside
+# strings, so a key spelled inside a tool result cannot match), to skip parsing most lines.
+VALUE_KINDS: dict[str, bytes] = {
+    "tool_calls": b'"tool_calls": [',
+    "logprobs": b'"logprobs": {',
+    "outcome": b'"check": {',
+    "reward": b'"reward": ',
+    "check_exit_code": b'"exit_code": ',
+    "answer_matched": b'"answer_matched": ',
+}
+
+
+def shown_kinds(record: dict) -> set[str]:
+    """The VALUE_KINDS a trajectory line shows a value for."""
+    turns = record.get("conversations") or []
+    check = record.get("check") if isinstance(record.get("check"), dict) else None
+    shown = {
+        "tool_calls": any(isinstance(t, dict) and t.get("tool_calls") for t in turns),
+        "logprobs": any(isinstance(t, dict) and t.get("logprobs") for t in turns),
+        "outcome": check is not None,
+        "reward": record.get("reward") is not None,
+        "check_exit_code": check is not None and check.get("exit_code") is not None,
+        "answer_matched": check is not None and check.get("answer_matched") is not None,
+    }
+    return {kind for kind, yes in shown.items() if yes}
+
+
+_CHECK_KINDS = frozenset({"reward", "check_exit_code", "answer_matched"})
+_NO_CHECK = b'"check": {"status": "none"'  # how build_record writes a line without a check
+
+
+def may_show(raw: bytes, kinds: set[str]) -> bool:
+    """Whether a raw line may show one of these kinds (False means it surely does not)."""
+    if kinds & _CHECK_KINDS and _NO_CHECK in raw:  # one search rules out every check kind
+        kinds = kinds - _CHECK_KINDS
+    return any(VALUE_KINDS[k] in raw and VALUE_KINDS[k] + b"null" not in raw for k in kinds)
 
 
 def first_human(record: dict) -> str | None:

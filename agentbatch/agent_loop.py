@@ -6,7 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentbatch.model.client import ContextOverflow, ModelClient
+from agentbatch.limits import TIME_LIMIT_MESSAGE
+from agentbatch.model.client import ContextOverflow, DeadlineReached, ModelClient
+from agentbatch.model.logprobs import token_logprobs
 from agentbatch.model.reasoning import split_reasoning
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import Tool, call_tool
@@ -19,7 +21,8 @@ class AgentResult:
     """What the loop did: the saved messages (user turn onward), how it ended, and how many calls it made.
 
     stop_reason is one of trajectory.STOP_REASONS: answered, max_turns, length (the reply was cut),
-    context (the conversation outgrew the context window), invalid_tools (tools it lacks, three times).
+    context (the conversation outgrew the context window), invalid_tools (tools it lacks, three times),
+    time, tokens or cost (a limit of ctx.limits came before the answer).
     """
 
     messages: list[dict]
@@ -38,8 +41,12 @@ def run_agent(
     max_turns: int,
     system_prompt: str | None = None,
     prefill: list[dict] | None = None,
+    logprobs: bool = False,
 ) -> AgentResult:
-    """Run one prompt; model errors that outlast the retries propagate (the prompt fails)."""
+    """Run one prompt; model errors that outlast the retries propagate (the prompt fails).
+
+    With `logprobs`, each saved assistant message keeps the reply's token log probabilities (model.logprobs).
+    """
     by_name = {t.name: t for t in tools}
     schemas = [t.schema() for t in tools]
     # The system prompt and prefill are sent on every call but never saved.
@@ -48,11 +55,18 @@ def run_agent(
     result = AgentResult(messages=saved, tool_schemas=schemas)
     unknown_streak = 0
     while result.api_calls < max_turns:
+        limit = ctx.limits.reached()  # time, tokens or cost: no further call
+        if limit:
+            result.partial, result.stop_reason = True, limit
+            return result
         result.api_calls += 1
         try:
-            response = client.chat(prefix + [_for_api(m) for m in saved], schemas)
+            response = client.chat(prefix + [_for_api(m) for m in saved], schemas, deadline=ctx.limits.deadline)
         except ContextOverflow:
             result.partial, result.stop_reason = True, "context"
+            return result
+        except DeadlineReached:
+            result.partial, result.stop_reason = True, "time"
             return result
         ctx.usage.add(response.get("usage"))
         choice = response.choices[0]
@@ -67,6 +81,8 @@ def run_agent(
         unknown_streak = 0
         reasoning, content = split_reasoning(choice.message)
         assistant: dict = {"role": "assistant", "content": content, "reasoning": reasoning}
+        if logprobs and (tokens := token_logprobs(choice)):
+            assistant["logprobs"] = tokens
         cut = choice.finish_reason == "length"
         # Some servers omit call ids or send arguments as an object: normalise so ids pair calls with results.
         calls = [
@@ -88,7 +104,10 @@ def run_agent(
             result.completed, result.stop_reason = True, "answered"
             return result
         for cid, name, args in calls:
-            output, ok = call_tool(by_name[name], args, ctx)
+            if ctx.limits.expired():  # the rest of this reply's calls are answered, not run
+                output, ok = json.dumps({"error": TIME_LIMIT_MESSAGE}), False
+            else:
+                output, ok = call_tool(by_name[name], args, ctx)
             saved.append({"role": "tool", "tool_call_id": cid, "name": name, "content": output, "ok": ok})
     result.stop_reason = "max_turns"
     return result
@@ -101,7 +120,7 @@ def _arguments_text(arguments: Any) -> str:
 
 
 def _for_api(message: dict) -> dict:
-    """The message as the endpoint expects it (our reasoning and ok fields stay local)."""
+    """The message as the endpoint expects it (our reasoning, logprobs and ok fields stay local)."""
     if message["role"] == "tool":
         return {k: v for k, v in message.items() if k != "ok"}
     if message["role"] != "assistant":

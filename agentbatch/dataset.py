@@ -23,6 +23,9 @@ class Entry:
     prompt: str
     image: str | None = None
     cwd: str | None = None
+    setup: str | None = None
+    verify: str | None = None
+    answers: tuple[str, ...] = ()
 
 
 class DatasetError(Exception):
@@ -90,7 +93,25 @@ def _parse(line: bytes, number: int) -> tuple[Entry | None, str | None]:
     cwd = row.get("cwd")
     if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
         return None, f"cwd {cwd!r} is not an absolute path"
-    return Entry(number, prompt, image, cwd), None
+    for name in ("setup", "verify"):
+        if row.get(name) is not None and not _usable_text(row[name]):
+            return None, f'"{name}" must be a non-empty shell command (a string)'
+    answer = row.get("answer")
+    answers = tuple(answer) if isinstance(answer, list) else (answer,) if answer is not None else ()
+    if answer is not None and not (answers and all(_usable_text(a) for a in answers)):
+        return None, '"answer" must be a non-empty string or a list of them'
+    return Entry(number, prompt, image, cwd, row.get("setup"), row.get("verify"), answers), None
+
+
+def _usable_text(value) -> bool:
+    """A non-empty string a command line or a comparison can hold (no NUL, no lone surrogate)."""
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json_type(value) -> str:

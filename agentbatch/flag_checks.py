@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -25,6 +26,12 @@ def positive_int(name: str, value: Any, minimum: int = 1) -> int:
 def positive_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise FatalError(f"--{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def non_negative_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise FatalError(f"--{name} must be a number ≥ 0, got {value!r}")
     return float(value)
 
 
@@ -60,15 +67,43 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str | None:
     return value
 
 
+SANDBOXES = ("bwrap", "local", "docker")
+
+
 def sandbox_kind(name: str, flag_value: Any) -> str:
-    """--sandbox, else TERMINAL_ENV, else local; a wrong value names where it came from."""
+    """--sandbox, else TERMINAL_ENV, else auto (bwrap where it works); a wrong value names where it came from."""
     env_value = os.environ.get("TERMINAL_ENV")
     if flag_value is not None:
-        return choice(name, str(flag_value).strip().lower(), ("local", "docker"))
-    kind = (env_value or "").strip().lower() or "local"
-    if kind not in ("local", "docker"):
-        raise FatalError(f"TERMINAL_ENV must be local or docker, got {env_value!r}; unset it or pass --sandbox")
+        return choice(name, str(flag_value).strip().lower(), SANDBOXES)
+    kind = (env_value or "").strip().lower() or "auto"
+    if kind not in (*SANDBOXES, "auto"):
+        raise FatalError(f"TERMINAL_ENV must be {', '.join(SANDBOXES)}, got {env_value!r}; unset it or pass --sandbox")
     return kind
+
+
+def network(name: str, value: Any) -> bool:
+    """--sandbox_network: on, or none (True: the sandbox has the host's network)."""
+    text = str(value).strip().lower()
+    if text not in ("on", "none"):
+        raise FatalError(f"--{name} must be on or none, got {value!r}")
+    return text == "on"
+
+
+def size(minimum: str) -> Callable[[str, Any], int]:
+    """A size such as 512m or 2g (bytes without a unit), at least `minimum`, in bytes."""
+
+    def parse(name: str, value: Any) -> int:
+        found = _size_bytes(value)
+        if found is None or found < _size_bytes(minimum):
+            raise FatalError(f"--{name} must be a size of at least {minimum}, such as 512m or 2g, got {value!r}")
+        return found
+
+    return parse
+
+
+def _size_bytes(value: Any) -> int | None:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([bkmg]?)b?", str(value).strip().lower())
+    return int(float(m.group(1)) * _MEMORY_UNITS[m.group(2)]) if m else None
 
 
 # Docker's own minimum; checked here because a bad limit would otherwise surface at every prompt's first tool call.

@@ -3,22 +3,42 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
+import socket
+import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from trajectory import first_human, unknown_tools
+from agentbatch.errors import FatalError
+from agentbatch.record_shape import trajectory_problem
+from agentbatch.secrets_guard import Redactor
+from agentbatch.surrogates import has_escaped_surrogate, scrub, scrub_json
+from trajectory import VALUE_KINDS, first_human, may_show, shown_kinds, unknown_tools
 
 _BATCH_RE = re.compile(r"^batch_(\d+)\.jsonl$")
+LOCK_NAME = "session.lock"
 
 
 def prompt_key(prompt: str) -> bytes:
     """A fixed-size key for a prompt text, so resume memory does not grow with prompt length."""
     return hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+SampleKey = tuple[bytes, int]
+
+
+def sample_key(line: dict) -> SampleKey | None:
+    """(prompt key, sample index) of a trajectory, discard or failure line; lines from before samples are sample 0."""
+    prompt = line.get("prompt") if "conversations" not in line else first_human(line)
+    if not isinstance(prompt, str):
+        return None
+    sample = line.get("sample_index")
+    return prompt_key(prompt), sample if isinstance(sample, int) and not isinstance(sample, bool) else 0
 
 
 @dataclass
@@ -27,6 +47,7 @@ class MergeReport:
 
     kept: int = 0
     not_json: int = 0
+    malformed: int = 0  # valid JSON of another shape than a trajectory line (record_shape.py)
     unknown_tool: int = 0
     bytes_read: int = 0
 
@@ -36,9 +57,12 @@ class RunFiles:
 
     def __init__(self, run_dir: str, secrets: tuple[str, ...] = ()):
         self.dir = run_dir
-        # A very short "key" (tests, local servers) would redact ordinary letters out of every line.
-        self._secrets = tuple(s for s in secrets if s and len(s) >= 8)
+        self.redact = Redactor(secrets)
         self._handles: dict[str, object] = {}
+        self._lock_fd: int | None = None
+        # Path → offset → length of the lines this session appended and its caller
+        # accounted for: the merge copies them as they are instead of reading each back (see append).
+        self._accounted: dict[str, dict[int, int]] = {}
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -57,19 +81,58 @@ class RunFiles:
             os.path.exists(self.path(n)) for n in ("discarded.jsonl", "failed.jsonl", "checkpoint.json")
         )
 
+    def lock(self, session: str, started: str) -> None:
+        """Hold the run directory for this session until it ends: a second session is refused with one line.
+
+        An exclusive flock on session.lock: the kernel drops it when the holder exits, however it dies
+        (kill -9, OOM, power loss), so a stale file never blocks a resume. The file says who holds it.
+        Raises FatalError when another live session holds it, OSError when the directory is unusable.
+        """
+        os.makedirs(self.dir, exist_ok=True)
+        fd = os.open(self.path(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            raise FatalError(
+                f"{self.dir} is in use by another session{holder}; wait for it to end (or stop it), "
+                "then run again with --resume"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        info = {"session": session, "pid": os.getpid(), "host": socket.gethostname(), "started": started}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        """Let the run directory go (the file stays: what it says is only read while someone holds it)."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def prepare(self) -> None:
         """Create the directory and cut torn last lines a kill left in the files we append to."""
         os.makedirs(self.dir, exist_ok=True)
         for name in ("failed.jsonl", "discarded.jsonl"):
             _cut_torn_tail(self.path(name))
 
-    def append(self, path: str, obj: dict) -> None:
-        """Write one line and flush it, so a kill never loses a finished prompt."""
-        line = self.redact(json.dumps(obj, ensure_ascii=False)) + "\n"
+    def append(self, path: str, obj: dict, kept: bool = False) -> bool:
+        """Write one line and flush it, so a kill never loses a finished prompt.
+
+        With `kept` (a trajectory for a batch file), returns True when the line is `obj` exactly as the merge
+        would read it back and keep it: the caller then counts it in the merge's statistics itself, and the
+        merge copies the line without parsing it (a merge of this session's lines was ~0.2 ms a line).
+        """
+        text = _dumps(obj)
+        written = scrub(self.redact(text))  # see _text
+        line = written + "\n"
         f = self._handles.get(path)
         if f is None:
-            # A lone surrogate (a "\ud800" escape from the endpoint) is written back as that JSON escape.
-            f = self._handles[path] = open(path, "a", encoding="utf-8", errors="backslashreplace")
+            f = self._handles[path] = open(path, "a", encoding="utf-8")
         size = os.fstat(f.fileno()).st_size
         try:
             f.write(line)
@@ -82,6 +145,18 @@ class RunFiles:
             with contextlib.suppress(OSError):
                 os.truncate(path, size)
             raise
+        # A redacted line, one with a lone surrogate (written as U+FFFD), or one the merge filters is read back
+        # like any other.
+        if (
+            not kept
+            or written is not text
+            or trajectory_problem(obj) is not None
+            or unknown_tools(obj["conversations"])
+        ):
+            return False
+        length = os.fstat(f.fileno()).st_size - size
+        self._accounted.setdefault(path, {})[size] = length
+        return True
 
     def sync(self) -> None:
         """fsync the open files (done at checkpoints, so power loss costs seconds, not hours)."""
@@ -93,20 +168,18 @@ class RunFiles:
             f.close()
         self._handles.clear()
 
-    def redact(self, text: str) -> str:
-        """Last line of defence: no secret is ever written, whatever a tool or endpoint echoed."""
-        for s in self._secrets:
-            if s in text:
-                text = text.replace(s, "[REDACTED]")
-        return text
+    def _text(self, obj: dict, indent: int | None) -> str:
+        """A line as written: no secret, whatever a tool or endpoint echoed, and no lone surrogate, which
+        UTF-8 cannot hold and whose JSON escape would make the whole file unloadable in `datasets`."""
+        return scrub(self.redact(json.dumps(obj, indent=indent, ensure_ascii=False)))
 
     def write_json(self, name: str, obj: dict) -> None:
         """Replace a JSON file atomically (write, fsync, rename)."""
         path = self.path(name)
         tmp = path + ".tmp"
         try:
-            with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
-                f.write(self.redact(json.dumps(obj, indent=2, ensure_ascii=False)) + "\n")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(self._text(obj, 2) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -115,19 +188,21 @@ class RunFiles:
             raise
 
     def read_json(self, name: str) -> dict | None:
+        """A JSON object file; None if it is missing, unreadable or anything but an object."""
         try:
             with open(self.path(name), encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, ValueError):
+                value = json.load(f)
+        except (OSError, ValueError, RecursionError):
             return None
+        return value if isinstance(value, dict) else None
 
     def done_counts(self) -> Counter:
-        """Prompt key → how many finished lines (batch files and discards) answer it."""
+        """(prompt key, sample index) → how many finished lines (batch files and discards) answer it."""
         kept, discarded = self.answer_counts()
         return kept + discarded
 
     def answer_counts(self) -> tuple[Counter, Counter]:
-        """Prompt key → lines answering it, in the batch files and in discarded.jsonl."""
+        """(prompt key, sample index) → lines answering it, in the batch files and in discarded.jsonl."""
         kept: Counter = Counter()
         for n in self.batch_numbers():
             _count_prompts(self.batch_path(n), kept, merged_only=True)
@@ -136,93 +211,194 @@ class RunFiles:
         return kept, discarded
 
     def failure_counts(self) -> Counter:
-        """Prompt key → how many failed attempts failed.jsonl records."""
+        """(prompt key, sample index) → how many failed attempts failed.jsonl records."""
         failed: Counter = Counter()
         for line in iter_records(self.path("failed.jsonl")):
-            if isinstance(line.get("prompt"), str):
-                failed[prompt_key(line["prompt"])] += 1
+            if (key := sample_key(line)) is not None:
+                failed[key] += 1
         return failed
+
+    def discarded_records(self) -> Iterator[dict]:
+        """The lines of discarded.jsonl that are trajectory-shaped (others answer nothing and count nowhere)."""
+        for record in iter_records(self.path("discarded.jsonl")):
+            if trajectory_problem(record) is None:
+                yield record
 
     def merge(self, on_record: Callable[[dict], None] | None = None) -> MergeReport:
         """Write trajectories.jsonl atomically from every batch file in numeric order, filtering bad entries.
 
-        One exception to the order: the first entry that calls a tool is written first. `datasets` fixes
-        the schema from the file's first block, and only such an entry shows every field a turn can have.
+        One exception to the order: a few lead entries are written first, together showing a value of every
+        kind the file holds (a tool call, logprobs, a reward...: trajectory.VALUE_KINDS). `datasets` fixes
+        the schema from the file's first block, and a kind it has not seen there fails the load. They are
+        taken from the newest batches first, whose lines carry every field a line can have (a resumed run
+        may begin with lines written before a field was added).
         """
         report = MergeReport()
         out_path = self.path("trajectories.jsonl")
         tmp = out_path + ".tmp"
-        lead = self._first_tool_entry()
+        leads = self._lead_entries()
         try:
-            self._merge_into(tmp, lead, report, on_record)
+            self._merge_into(tmp, leads, report, on_record)
             os.replace(tmp, out_path)
         except OSError:
             _remove_quietly(tmp)
             raise
         return report
 
-    def _merge_into(self, tmp: str, lead, report: MergeReport, on_record) -> None:
-        with open(tmp, "wb") as out:
-            if lead is not None:
-                out.write(lead[2])
+    def _merge_into(self, tmp: str, leads: dict[tuple[int, int], bytes], report: MergeReport, on_record) -> None:
+        with open(tmp, "wb", buffering=1 << 20) as out:
+            for raw in leads.values():
+                out.write(raw)
             for n in self.batch_numbers():
-                for i, (raw, record) in enumerate(_iter_lines(self.batch_path(n), report)):
-                    if record is None:
+                path = self.batch_path(n)
+                for i, (raw, record) in enumerate(_iter_lines(path, report, self._accounted.get(path))):
+                    if record is ACCOUNTED:  # written by this session, checked when it was (see append)
+                        line = raw
+                    elif record is NOT_JSON:
                         report.not_json += 1
-                    elif unknown_tools(record.get("conversations") or []):
+                        continue
+                    elif trajectory_problem(record) is not None:
+                        report.malformed += 1
+                        continue
+                    elif unknown_tools(record["conversations"]):
                         report.unknown_tool += 1
+                        continue
                     else:
-                        if lead is None or (n, i) != lead[:2]:
-                            out.write(raw if raw.endswith(b"\n") else raw + b"\n")
-                        report.kept += 1
+                        line = _merged_line(raw, record)
                         if on_record:
                             on_record(record)
+                    if (n, i) not in leads:
+                        out.write(line if line.endswith(b"\n") else line + b"\n")
+                    report.kept += 1
             out.flush()
             os.fsync(out.fileno())
 
-    def _first_tool_entry(self) -> tuple[int, int, bytes] | None:
-        """(batch, line position, line) of the first entry the merge keeps that has a tool call."""
-        for n in self.batch_numbers():
-            for i, (raw, record) in enumerate(_iter_lines(self.batch_path(n), None)):
-                turns = (record or {}).get("conversations") or []
-                if any(t.get("tool_calls") for t in turns) and not unknown_tools(turns):
-                    return n, i, raw if raw.endswith(b"\n") else raw + b"\n"
-        return None
+    def _lead_entries(self) -> dict[tuple[int, int], bytes]:
+        """(batch, line position) → line of the entries the merge keeps that show a kind no other lead did."""
+        leads: dict[tuple[int, int], bytes] = {}
+        missing = set(VALUE_KINDS)
+        for n in reversed(self.batch_numbers()):
+            for i, raw in enumerate(_iter_raw(self.batch_path(n))):
+                if not may_show(raw, missing):
+                    continue  # most lines: no JSON parsing
+                try:
+                    record = json.loads(raw)
+                except (ValueError, RecursionError):
+                    continue
+                if trajectory_problem(record) is not None or unknown_tools(record["conversations"]):
+                    continue
+                new = shown_kinds(record) & missing
+                if new:
+                    line = _merged_line(raw, record)
+                    leads[n, i] = line if line.endswith(b"\n") else line + b"\n"
+                    missing -= new
+                    if not missing:
+                        return leads
+        return leads
+
+
+def _merged_line(raw: bytes, record: dict) -> bytes:
+    """A kept line as trajectories.jsonl gets it: as written, unless it holds a lone surrogate (older versions
+    wrote them as JSON escapes, which make the whole file unloadable), then rewritten without."""
+    if has_escaped_surrogate(raw):
+        return (json.dumps(scrub_json(record), ensure_ascii=False) + "\n").encode("utf-8")
+    return raw if raw.endswith(b"\n") else raw + b"\n"
 
 
 def _count_prompts(path: str, into: Counter, merged_only: bool = False) -> None:
     for record in iter_records(path):
         # A line the merge drops answers nothing: counting it would leave its prompt out of every output.
-        if merged_only and unknown_tools(record.get("conversations") or []):
+        if trajectory_problem(record) is not None:
             continue
-        prompt = first_human(record)
-        if isinstance(prompt, str):
-            into[prompt_key(prompt)] += 1
+        if merged_only and unknown_tools(record["conversations"]):
+            continue
+        if (key := sample_key(record)) is not None:
+            into[key] += 1
 
 
 def iter_records(path: str) -> Iterator[dict]:
-    """The JSON objects of a JSONL file, skipping torn or corrupt lines."""
+    """The JSON objects of a JSONL file, skipping torn or corrupt lines and JSON of another kind."""
     for _raw, record in _iter_lines(path, None):
-        if record is not None:
+        if isinstance(record, dict):
             yield record
 
 
-def _iter_lines(path: str, report: MergeReport | None) -> Iterator[tuple[bytes, dict | None]]:
+def _dumps(obj: dict) -> str:
+    """json.dumps(obj, ensure_ascii=False), with a trailing `tools` text (a trajectory's schemas) escaped once."""
+    tools = obj.get("tools")
+    if not isinstance(tools, str) or next(reversed(obj)) != "tools":
+        return json.dumps(obj, ensure_ascii=False)
+    # The schemas are ~80 % of a trajectory line and one of a few texts per run: escaping them again for
+    # every line was most of the runner's own time per prompt.
+    token = _tools_tokens.get(tools)
+    if token is None:
+        if len(_tools_tokens) >= 256:
+            _tools_tokens.clear()
+        token = _tools_tokens[tools] = json.dumps(tools, ensure_ascii=False)
+    rest = json.dumps({k: v for k, v in obj.items() if k != "tools"}, ensure_ascii=False)
+    return f'{rest[:-1]}, "tools": {token}}}' if len(rest) > 2 else f'{{"tools": {token}}}'
+
+
+_tools_tokens: dict[str, str] = {}
+
+
+# Stands for the record of a line this session wrote and its caller accounted for: it is not parsed again.
+ACCOUNTED = types.MappingProxyType({})
+
+
+NOT_JSON = object()  # what _lines yields for a line that does not parse
+
+
+def _iter_lines(path: str, report: MergeReport | None, accounted=None) -> Iterator[tuple[bytes, object]]:
+    for _offset, raw, record in _lines(path, report, accounted):
+        yield raw, record
+
+
+def _lines(
+    path: str, report: MergeReport | None, accounted=None, parse: bool = True
+) -> Iterator[tuple[int, bytes, object]]:
+    """(offset, line, parsed value or NOT_JSON) of every non-blank line; ACCOUNTED lines (and all without
+    `parse`, then yielded with None) are not parsed."""
     try:
-        f = open(path, "rb")
+        f = open(path, "rb", buffering=1 << 20)  # lines of ~10 KB: a default 8 KB buffer reads each in pieces
     except FileNotFoundError:
         return
+    offset = 0
     with f:
         for raw in f:
+            at, offset = offset, offset + len(raw)
             if report is not None:
                 report.bytes_read += len(raw)
             if not raw.strip():
                 continue
+            if not parse:
+                yield at, raw, None
+                continue
+            if accounted is not None and accounted.get(at) == len(raw):
+                yield at, raw, ACCOUNTED
+                continue
             try:
                 record = json.loads(raw)
-            except ValueError:
-                record = None
-            yield raw, record if isinstance(record, dict) else None
+            except (ValueError, RecursionError):  # not JSON, or nested past any sane depth
+                record = NOT_JSON
+            yield at, raw, record
+
+
+def _iter_raw(path: str) -> Iterator[bytes]:
+    """The non-blank lines of a file, as bytes (a missing file has none)."""
+    for _offset, raw, _record in _lines(path, None, None, parse=False):
+        yield raw
+
+
+def _lock_holder(fd: int) -> str:
+    """' (pid N on HOST, started T)' from a held lock file; empty if it cannot be read yet."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"null")
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(info, dict):
+        return ""
+    return f" (pid {info.get('pid')} on {info.get('host')}, started {info.get('started')})"
 
 
 def _remove_quietly(path: str) -> None:

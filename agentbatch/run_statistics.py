@@ -4,14 +4,62 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agentbatch.model.usage import COST_DIGITS, cost_of
+from agentbatch.outcome_stats import format_outcomes
 from agentbatch.tools.registry import ALL_TOOL_NAMES
-from trajectory import reasoning_counts
+from trajectory import STOP_REASONS, reasoning_counts
 
 _TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
 def _zero_tokens() -> dict[str, int]:
     return dict.fromkeys(_TOKEN_KEYS, 0)
+
+
+def _money(value: float) -> float:
+    return round(value, COST_DIGITS)
+
+
+def _per(total: float, count: int) -> float | None:
+    return _money(total / count) if count else None
+
+
+@dataclass
+class Group:
+    """What the lines of one model, or one toolset, came to: counts, tokens and cost."""
+
+    trajectories: int = 0
+    completed: int = 0
+    passing: int = 0
+    discarded: int = 0
+    failed_attempts: int = 0
+    tokens: int = 0
+    cost: float = 0.0
+
+    def add(self, line: dict, kind: str) -> None:
+        if kind == "trajectory":
+            self.trajectories += 1
+            self.completed += bool(line.get("completed"))
+            self.passing += line.get("passed") is True
+        elif kind == "discarded":
+            self.discarded += 1
+        else:
+            self.failed_attempts += 1
+        usage = line.get("usage")
+        self.tokens += int((usage or {}).get("total_tokens") or 0) if isinstance(usage, dict) else 0
+        self.cost += cost_of(usage)
+
+    def to_dict(self, rewards: bool) -> dict:
+        return {
+            "trajectories": self.trajectories,
+            "completed": self.completed,
+            "discarded": self.discarded,
+            "failed_attempts": self.failed_attempts,
+            "tokens": self.tokens,
+            "cost": _money(self.cost),
+            "cost_per_completed": _per(self.cost, self.completed),
+            "cost_per_passing": _per(self.cost, self.passing) if rewards else None,
+        }
 
 
 @dataclass
@@ -34,6 +82,21 @@ class RunStats:
     tokens_kept: dict[str, int] = field(default_factory=_zero_tokens)
     tokens_discarded: dict[str, int] = field(default_factory=_zero_tokens)
     tokens_failed: dict[str, int] = field(default_factory=_zero_tokens)
+    cost_kept: float = 0.0
+    cost_discarded: float = 0.0
+    cost_failed: float = 0.0
+    passing: int = 0
+    rewards: bool = False  # some line says whether it passed (a run with rewards)
+    by_model: dict[str, Group] = field(default_factory=dict)
+    by_toolset: dict[str, Group] = field(default_factory=dict)
+
+    def _group(self, line: dict, kind: str, model) -> None:
+        """Count the line under its model and under each toolset it was offered (so toolsets overlap)."""
+        key = model if isinstance(model, str) else "unknown"
+        self.by_model.setdefault(key, Group()).add(line, kind)
+        for toolset in line.get("toolsets_used") or ():
+            if isinstance(toolset, str):
+                self.by_toolset.setdefault(toolset, Group()).add(line, kind)
 
     def add_trajectory(self, record: dict) -> None:
         self.trajectories += 1
@@ -60,15 +123,30 @@ class RunStats:
         self.turns_with_reasoning += with_r
         self.turns_without_reasoning += without_r
         _add_tokens(self.tokens_kept, record.get("usage"))
+        self.cost_kept += cost_of(record.get("usage"))
+        if record.get("passed") is not None:  # checked (a line without a check has passed null)
+            self.rewards = True
+            self.passing += record["passed"] is True
+        self._group(record, "trajectory", (record.get("metadata") or {}).get("model"))
 
     def add_discarded(self, line: dict) -> None:
         self.discarded += 1
-        reason = line.get("discard_reason") or "unknown"
+        reason = line.get("discard_reason")
+        reason = reason if isinstance(reason, str) and reason else "unknown"
         self.discard_reasons[reason] = self.discard_reasons.get(reason, 0) + 1
         _add_tokens(self.tokens_discarded, line.get("usage"))
+        self.cost_discarded += cost_of(line.get("usage"))
+        self._group(line, "discarded", (line.get("metadata") or {}).get("model"))
 
     def add_failed_attempt(self, line: dict) -> None:
         _add_tokens(self.tokens_failed, line.get("usage"))
+        self.cost_failed += cost_of(line.get("usage"))
+        self._group(line, "failed", line.get("model"))
+
+    def count_failed_prompts(self, n: int) -> None:
+        """Prompts whose last attempt failed: the `error` way a session ends, beside the trajectories' reasons."""
+        if n:
+            self.stop_reasons["error"] = n
 
     def to_dict(self, **extra) -> dict:
         """The statistics.json document."""
@@ -80,13 +158,18 @@ class RunStats:
         total_tokens = _zero_tokens()
         for part in (self.tokens_kept, self.tokens_discarded, self.tokens_failed):
             _add_tokens(total_tokens, part)
+        total_cost = self.cost_kept + self.cost_discarded + self.cost_failed
         return {
             **extra,
             "trajectories": self.trajectories,
             "completed": self.completed,
             "partial": self.partial,
             "max_turns_reached": self.max_turns_reached,
-            "stop_reasons": self.stop_reasons,
+            # In the one order of STOP_REASONS: lines are counted as they finish, in no fixed order.
+            "stop_reasons": {
+                **{k: self.stop_reasons[k] for k in STOP_REASONS if k in self.stop_reasons},
+                **{k: v for k, v in self.stop_reasons.items() if k not in STOP_REASONS},
+            },
             "api_calls": self.api_calls,
             "discarded": self.discarded,
             "discard_reasons": self.discard_reasons,
@@ -103,25 +186,44 @@ class RunStats:
                 "failed_attempts": self.tokens_failed,
                 "total": total_tokens,
             },
+            "cost": {
+                "trajectories": _money(self.cost_kept),
+                "discarded": _money(self.cost_discarded),
+                "failed_attempts": _money(self.cost_failed),
+                "total": _money(total_cost),
+                "per_completed": _per(total_cost, self.completed),
+                "per_passing": _per(total_cost, self.passing) if self.rewards else None,
+            },
+            "by_model": {k: g.to_dict(self.rewards) for k, g in sorted(self.by_model.items())},
+            "by_toolset": {k: g.to_dict(self.rewards) for k, g in sorted(self.by_toolset.items())},
         }
 
 
-def _add_tokens(into: dict[str, int], usage: dict | None) -> None:
+def _add_tokens(into: dict[str, int], usage: object) -> None:
+    """Add a line's token counts; a usage of another shape (a hand-edited or foreign line) adds nothing."""
+    if not isinstance(usage, dict):
+        return
     for k in _TOKEN_KEYS:
-        into[k] += int((usage or {}).get(k) or 0)
+        value = usage.get(k)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            into[k] += value
 
 
 def format_summary(stats: dict) -> str:
     """The printed end-of-run summary."""
+    samples = (stats.get("outcomes") or {}).get("samples_per_prompt") or 1
+    total = stats["prompts"]["total"]
+    what = f"{total // samples} prompts × {samples} samples" if samples > 1 else f"{total} prompts"
     lines = [
         "",
-        f"Run {stats.get('run_name')}: {stats['prompts']['total']} prompts in the dataset",
+        f"Run {stats.get('run_name')}: {what} in the dataset",
         f"  done {stats['prompts']['done']}  (completed {stats['completed']}, partial {stats['partial']}, "
         f"max turns reached {stats['max_turns_reached']})",
         f"  discarded {stats['discarded']}  {stats['discard_reasons'] or ''}".rstrip(),
         f"  failed {stats['prompts']['failed']}  not run {stats['prompts']['not_run']}",
         f"  merge: {stats['merge']['kept']} lines kept, {stats['merge']['filtered_unknown_tool']} filtered for "
-        f"unknown tools, {stats['merge']['filtered_not_json']} not JSON",
+        f"unknown tools, {stats['merge']['filtered_not_json']} not JSON, "
+        f"{stats['merge'].get('filtered_malformed', 0)} not trajectories",
     ]
     r = stats["reasoning"]
     cov = f"{r['coverage']:.1%}" if r["coverage"] is not None else "n/a"
@@ -131,6 +233,14 @@ def format_summary(stats: dict) -> str:
         f"  tokens: {t['total_tokens']} ({t['prompt_tokens']} prompt, {t['completion_tokens']} completion); "
         f"duration {stats['duration_seconds']:.1f} s"
     )
+    c = stats["cost"]
+    if c["total"]:
+        per = f"; ${c['per_completed']:.4f} per completed trajectory" if c["per_completed"] is not None else ""
+        lines.append(
+            f"  cost: ${c['total']:.4f} (trajectories ${c['trajectories']:.4f}, discarded ${c['discarded']:.4f}, "
+            f"failed attempts ${c['failed_attempts']:.4f}){per}"
+        )
+    lines += format_outcomes(stats.get("outcomes"))
     used = {n: s for n, s in stats["tools"].items() if s["count"]}
     if used:
         lines.append(f"  {'tool':<20}{'calls':>8}{'ok':>8}{'failed':>8}{'rate':>8}")

@@ -9,15 +9,25 @@ A local sandbox runs commands as the runner's own user, so `ps aux` or `cat /pro
 API key passed as `--api_key=...` or inherited in the environment. The kernel serves those two files straight
 from the process's memory (the argv and initial environment blocks), so overwriting the secret there hides it.
 Python's own copies (sys.argv, os.environ) are unaffected.
+
+What a secret still reaches (a tool result, an endpoint's error message, a log line) goes through a
+`Redactor` before it leaves the process: to the endpoint, to a file, to stderr.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping
 
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+REDACTED = "[REDACTED]"
+# A very short "key" (tests, local servers) would redact ordinary letters out of every line.
+MIN_SECRET = 8
+# This many characters from the start or the end of a key count as the key: a message cut to length
+# keeps a prefix of it, a head-and-tail cut a suffix. Shorter bits of a key give nothing away.
+MIN_PART = 12
 _held: dict[str, str] = {}
 
 
@@ -90,3 +100,72 @@ def hide_from_proc(secrets: Iterable[str]) -> int:
     except (OSError, ValueError, OverflowError):
         return hidden
     return hidden
+
+
+class Redactor:
+    """Replaces every secret, and any long prefix or suffix of one, with [REDACTED]."""
+
+    def __init__(self, secrets: Iterable[str] = ()):
+        unique = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET}
+        self.secrets = tuple(sorted(unique, key=len, reverse=True))
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+            if len(secret) > MIN_PART:
+                text = _cut_parts(text, secret)
+        return text
+
+
+def _cut_parts(text: str, secret: str) -> str:
+    """Redact what is left of a secret that a cut split: a long prefix at one place, a long suffix at another."""
+    head, tail = secret[:MIN_PART], secret[-MIN_PART:]
+    start = text.find(head)
+    while start >= 0:
+        end = start + MIN_PART
+        while end < len(text) and end - start < len(secret) and text[end] == secret[end - start]:
+            end += 1
+        text = text[:start] + REDACTED + text[end:]
+        start = text.find(head, start + len(REDACTED))
+    end = text.find(tail)
+    while end >= 0:
+        stop = end + MIN_PART
+        begin = end
+        while begin > 0 and stop - begin < len(secret) and text[begin - 1] == secret[-(stop - begin) - 1]:
+            begin -= 1
+        text = text[:begin] + REDACTED + text[stop:]
+        end = text.find(tail, begin + len(REDACTED))
+    return text
+
+
+class _RedactingFilter(logging.Filter):
+    """Redacts a log record's message and traceback before any handler formats it."""
+
+    def __init__(self, redact: Redactor):
+        super().__init__()
+        self.redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = self.redact(message)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
+        return True
+
+
+def redact_logs(redact: Redactor) -> None:
+    """Every log line this process prints from now on (--verbose included) goes through `redact` first."""
+    handlers = [*logging.getLogger().handlers, logging.lastResort]
+    for handler in handlers:
+        if handler is None:
+            continue
+        for old in [f for f in handler.filters if isinstance(f, _RedactingFilter)]:
+            handler.removeFilter(old)
+        handler.addFilter(_RedactingFilter(redact))

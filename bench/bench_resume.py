@@ -104,7 +104,12 @@ t0, c0 = time.monotonic(), time.process_time()
 counts = files.done_counts()
 t1, c1 = time.monotonic(), time.process_time()
 stats = RunStats()
-merged = files.merge(stats.add_trajectory)
+try:  # as the session does: every kept line goes to both (OutcomeStats is absent before verified outcomes)
+    from agentbatch.outcome_stats import OutcomeStats
+    outcomes = OutcomeStats()
+    merged = files.merge(lambda r: (stats.add_trajectory(r), outcomes.add(r)))
+except ImportError:
+    merged = files.merge(stats.add_trajectory)
 t2, c2 = time.monotonic(), time.process_time()
 print(json.dumps({"scan_s": t1 - t0, "merge_s": t2 - t1, "scan_cpu": c1 - c0, "merge_cpu": c2 - c1,
                   "keys": len(counts), "kept": merged.kept,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -32,21 +33,24 @@ MIB = 1024**2
 
 
 class Server:
-    """scripted_server.py in a separate process."""
+    """scripted_server.py in a separate process, or (asyncio=True) the same replies from bench/async_endpoint.py."""
 
-    def __init__(self, latency: float, jitter: float = 0.0, heavy_tail: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        latency: float,
+        jitter: float = 0.0,
+        heavy_tail: bool = False,
+        seed: int = 0,
+        asyncio: bool = False,
+        script: list[dict] | None = None,
+        extra: tuple[str, ...] = (),
+    ):
         OUT.mkdir(parents=True, exist_ok=True)
-        script = OUT / "default_script.json"
-        script.write_text(json.dumps(DEFAULT_SCRIPT))
-        cmd = [
-            sys.executable,
-            str(ROOT / "tests" / "scripted_server.py"),
-            "--port",
-            "0",
-            "--default_script",
-            str(script),
-        ]
-        cmd += ["--latency", str(latency), "--jitter", str(jitter), "--seed", str(seed)]
+        path = OUT / f"script_{os.getpid()}_{id(self)}.json"
+        path.write_text(json.dumps(script or DEFAULT_SCRIPT))
+        program = ROOT / ("bench/async_endpoint.py" if asyncio else "tests/scripted_server.py")
+        cmd = [sys.executable, str(program), "--port", "0", "--default_script", str(path)]
+        cmd += ["--latency", str(latency), "--jitter", str(jitter), "--seed", str(seed), *extra]
         if heavy_tail:
             cmd.append("--heavy_tail")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -54,6 +58,16 @@ class Server:
         if not line.startswith("READY "):
             raise RuntimeError(f"scripted server did not start: {line!r}")
         self.base_url = line.split()[1]
+
+    def timings(self) -> dict:
+        """bench/async_endpoint.py's count of requests, first request and last reply (time.monotonic)."""
+        return self.get("/_timings")
+
+    def get(self, path: str) -> dict:
+        """A JSON inspection route of the server (/_rate, /_requests, /_timings)."""
+        root = self.base_url.rsplit("/v1", 1)[0]
+        with urllib.request.urlopen(root + path, timeout=30) as r:
+            return json.loads(r.read())
 
     def cpu_seconds(self) -> float:
         t = psutil.Process(self.proc.pid).cpu_times()
@@ -110,8 +124,22 @@ class TreeSampler(threading.Thread):
         self.join()
 
 
-def run_cli(name: str, dataset: Path, base_url: str, *extra: str, entry: list[str] | None = None) -> dict:
-    """The real CLI in a subprocess: wall time, peak tree RSS, CPU seconds of its processes, statistics."""
+def run_cli(
+    name: str,
+    dataset: Path,
+    base_url: str,
+    *extra: str,
+    entry: list[str] | None = None,
+    env: dict | None = None,
+    retries: int | None = 2,
+    codes: tuple[int, ...] = (0,),
+) -> dict:
+    """The real CLI in a subprocess: wall time, peak tree RSS, CPU seconds of its processes, statistics.
+
+    Run as a user would: with Python's bytecode cache, which this machine's PYTHONDONTWRITEBYTECODE=1 turns
+    off (every start would compile the project's modules again, ~0.1 s). `retries` None leaves --max_retries
+    at its default, as a new user would; `codes` are the exits accepted.
+    """
     runs = OUT / "runs"
     shutil.rmtree(runs / name, ignore_errors=True)
     cmd = (entry or [sys.executable, str(ROOT / "batch_runner.py")]) + [
@@ -122,20 +150,22 @@ def run_cli(name: str, dataset: Path, base_url: str, *extra: str, entry: list[st
         "--api_key=sk-bench-not-a-real-key",
         "--model=bench-model",
         f"--output_dir={runs}",
-        "--max_retries=2",
+        *([f"--max_retries={retries}"] if retries is not None else []),
         "--seed=1",
         *extra,
     ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     sampler = TreeSampler(proc.pid)
     sampler.start()
     stdout, stderr = proc.communicate()
-    wall = time.monotonic() - start
+    ended = time.monotonic()
+    wall = ended - start
     sampler.stop()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
+    if proc.returncode not in codes:
         raise RuntimeError(f"{name}: exit {proc.returncode}\n{stderr[-3000:]}")
     stats = json.loads((runs / name / "statistics.json").read_text())
     return {
@@ -143,13 +173,23 @@ def run_cli(name: str, dataset: Path, base_url: str, *extra: str, entry: list[st
         "peak_rss": sampler.peak,
         "peak_procs": sampler.peak_procs,
         "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "exit": proc.returncode,
+        "failed_lines": _lines(runs / name / "failed.jsonl"),
         "prompts": stats["prompts"],
         "api_calls": stats["api_calls"],
         "run_seconds": stats["duration_seconds"],
         "cpu_parent_seen": sampler.cpu.get(proc.pid, 0.0),
         "cpu_others_seen": sum(v for k, v in sampler.cpu.items() if k != proc.pid),
         "loadavg": os.getloadavg(),
+        "started": start,
+        "ended": ended,
     }
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def report(results: dict, key: str, line: str) -> None:
@@ -158,6 +198,6 @@ def report(results: dict, key: str, line: str) -> None:
     results.setdefault("lines", []).append(line)
 
 
-def check_all_done(name: str, r: dict, n: int) -> None:
-    if r["prompts"]["done"] != n or r["api_calls"] != n * CALLS_PER_PROMPT:
-        raise RuntimeError(f"{name}: expected {n} prompts done with {n * CALLS_PER_PROMPT} calls, got {r}")
+def check_all_done(name: str, r: dict, n: int, calls: int = CALLS_PER_PROMPT) -> None:
+    if r["prompts"]["done"] != n or r["api_calls"] != n * calls:
+        raise RuntimeError(f"{name}: expected {n} prompts done with {n * calls} calls, got {r}")

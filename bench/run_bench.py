@@ -5,6 +5,12 @@
     python bench/run_bench.py --only 1b       # only the concurrency-256 throughput run of (1)
     python bench/run_bench.py --only 6        # optional: throughput through Ray (--ray_address=local)
     python bench/run_bench.py --only 7        # --export=parquet over the 100,000-trajectory corpus of (4)
+    python bench/run_bench.py --only 8,9,10,10b  # sessions at every size (bench_scale.py): layouts of 32 sessions,
+                                                 # fixed overhead, 1,024 sessions, 256 sessions
+    python bench/run_bench.py --only 11       # adaptive concurrency against a rate-limited endpoint (11n: no headers;
+                                              # 11p: what the probe costs an endpoint without limits)
+    python bench/run_bench.py --only 12       # sandbox starts paced apart, against the engine's best parallelism
+    python bench/run_bench.py --only 13       # per-prompt cost of the bwrap, local and docker sandboxes
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -22,15 +28,19 @@ import time
 
 import psutil
 from bench_export import bench_export
+from bench_rate_limit import bench_probe_cost, bench_rate_limit
 from bench_resume import bench_resume
+from bench_sandbox_starts import bench_sandbox_starts
+from bench_sandboxes import bench_sandboxes
+from bench_scale import bench_layouts, bench_overhead, bench_sessions
 from bench_scheduling import bench_scheduling
 from common import CALLS_PER_PROMPT, GIB, MIB, OUT, Server, check_all_done, report, run_cli, write_dataset
 
 
-def bench_throughput(results: dict, which: str = "12") -> None:
+def bench_throughput(results: dict, which: set[str]) -> None:
     """(1) wall ÷ N·L/C at 64 and 256 in flight; (2) peak memory at 256."""
     for n, conc in ((1000, 64), (2000, 256)):
-        if conc == 64 and ("1" not in which or "b" in which):  # "1b": the concurrency-256 run only
+        if conc == 64 and "1" not in which:  # "1b": the concurrency-256 run only
             continue
         workers = 2
         with Server(latency=1.0, jitter=0.2) as srv:
@@ -41,7 +51,7 @@ def bench_throughput(results: dict, which: str = "12") -> None:
         check_all_done(name, r, n)
         ideal = n * CALLS_PER_PROMPT * 1.0 / conc
         results[name] = dict(r, ideal=ideal)
-        if "1" in which:
+        if which & {"1", "1b"}:
             ratio = r["wall"] / ideal
             report(
                 results,
@@ -105,14 +115,16 @@ def bench_ray(results: dict, n: int = 1000, conc: int = 64) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--only", default="1,2,3,4,5", help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export)"
+        "--only",
+        default="1,2,3,4,5,8,9,10,10b",
+        help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export, 11-12 limits, 13 sandboxes; 1b, 10b: one run)",
     )
-    which = parser.parse_args().only.replace(",", "")
+    which = {w.strip() for w in parser.parse_args().only.split(",") if w.strip()}
     OUT.mkdir(parents=True, exist_ok=True)
     results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "python": sys.version.split()[0]}
     results["machine"] = {"nproc": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / GIB, 1)}
     print(f"machine: {results['machine']}, Python {results['python']}", flush=True)
-    if "1" in which or "2" in which:
+    if which & {"1", "1b", "2"}:
         bench_throughput(results, which)
     if "3" in which:
         bench_cpu(results)
@@ -124,6 +136,22 @@ def main() -> int:
         bench_ray(results)
     if "7" in which:
         bench_export(results)
+    if "8" in which:
+        bench_layouts(results)
+    if "9" in which:
+        bench_overhead(results)
+    if which & {"10", "10b"}:
+        bench_sessions(results, which)
+    if "11" in which:
+        bench_rate_limit(results, headers=True)
+    if "11n" in which:  # an endpoint that sends Retry-After only
+        bench_rate_limit(results, headers=False)
+    if "11p" in which:  # what the probe costs an endpoint without limits
+        bench_probe_cost(results)
+    if "12" in which:
+        bench_sandbox_starts(results)
+    if "13" in which:
+        bench_sandboxes(results)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

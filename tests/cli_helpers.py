@@ -69,7 +69,7 @@ def write_dataset(path, rows) -> Path:
 
 
 def read_jsonl(path) -> list[dict]:
-    """Every complete JSON line of a file (a missing file is empty)."""
+    """Every complete JSON object line of a file (a missing file is empty)."""
     path = Path(path)
     if not path.exists():
         return []
@@ -77,9 +77,11 @@ def read_jsonl(path) -> list[dict]:
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             try:
-                out.append(json.loads(line))
-            except ValueError:
+                value = json.loads(line)
+            except (ValueError, RecursionError):
                 continue
+            if isinstance(value, dict):
+                out.append(value)
     return out
 
 

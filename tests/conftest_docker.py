@@ -56,5 +56,5 @@ def docker_run_name(docker_images) -> str:
     if left:
         from agentbatch.sandboxes import docker as sandbox_docker
 
-        sandbox_docker.reap(run_name)  # do not leak them into the next test, but still fail this one
+        sandbox_docker.reap({RUN_LABEL: run_name})  # do not leak them into the next test, but still fail this one
     assert not left, f"containers of run {run_name} left behind: {left}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -21,7 +22,10 @@ class Seen:
 
 
 class FakeSite:
-    """A real HTTP server on 127.0.0.1: path → handler(Seen) returning (status, headers, body); records requests."""
+    """A real HTTP server on 127.0.0.1: path → handler(Seen) returning (status, headers, body); records requests.
+
+    body is bytes, or a function that writes the body to the socket file itself (trickle_reply).
+    """
 
     def __init__(self, routes: dict):
         self.routes = routes
@@ -49,7 +53,13 @@ class FakeSite:
                 for key, value in headers.items():
                     self.send_header(key, value)
                 self.end_headers()
-                self.wfile.write(body)
+                if callable(body):  # a writer that takes its time (trickle_reply)
+                    try:
+                        body(self.wfile)
+                    except OSError:
+                        pass  # the client gave up
+                else:
+                    self.wfile.write(body)
 
             do_GET = do_POST = _serve
 
@@ -73,3 +83,15 @@ def html_reply(body: bytes):
 
 def redirect(location: str, status: int = 302):
     return lambda seen: (status, {"Location": location, "Content-Length": "0"}, b"")
+
+
+def trickle_reply(body: bytes, seconds: float, content_type: str = "text/html"):
+    """A 200 reply whose body arrives one byte every `seconds`: it never times out a read, yet never ends soon."""
+
+    def write(wfile) -> None:
+        for i in range(len(body)):
+            wfile.write(body[i : i + 1])
+            wfile.flush()
+            time.sleep(seconds)
+
+    return lambda seen: (200, {"Content-Type": content_type, "Content-Length": str(len(body))}, write)

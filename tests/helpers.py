@@ -10,7 +10,7 @@ from scripted_server import MODEL_ID, ScriptedServer
 
 from agentbatch.model.client import ModelSettings
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
-from agentbatch.sandboxes.base import SandboxSpec
+from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.settings import ToolSettings
 
@@ -56,9 +56,10 @@ def run_prompt_outcome(
     prompt_index: int = 0,
     clients: Clients | None = None,
     require_reasoning: bool = False,
+    sandbox: SandboxSettings | None = None,
     **model,
 ) -> PromptOutcome:
-    """One prompt through the real prompt runner (sandbox, agent loop, trajectory) in a local sandbox.
+    """One prompt through the real prompt runner (sandbox, agent loop, trajectory), in a local sandbox by default.
 
     Pass `clients` to reuse them across many prompts (a new client costs ~25 ms loading CA certificates).
     """
@@ -71,6 +72,7 @@ def run_prompt_outcome(
         prefill=prefill or [],
         require_reasoning=require_reasoning,
         verbose=True,
+        sandbox=sandbox or SandboxSettings(),
     )
     task = PromptTask(prompt_index, prompt, 1, list(toolsets), cwd=cwd)
     return run_prompt(task, cfg, clients or Clients.for_config(cfg))

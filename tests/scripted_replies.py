@@ -98,3 +98,23 @@ def build_message(spec: dict, turn: int) -> tuple[dict, str]:
             msg[key] = spec[key]
     finish = spec.get("finish_reason") or ("tool_calls" if calls else "stop")
     return msg, finish
+
+
+def build_logprobs(spec: dict, content: str | None) -> tuple[dict | None, list | None]:
+    """The choice's `logprobs` and vLLM-style `token_ids` for a request that asked for logprobs.
+
+    spec "logprobs": a list of [token, logprob] pairs, or true for one token per character of the content
+    with logprob -0.01 * position; spec "token_ids": a list of ints, or true for 1000 + position.
+    """
+    wanted = spec.get("logprobs")
+    if wanted is True:
+        pairs = [[ch, round(-0.01 * i, 4)] for i, ch in enumerate(content or "")]
+    elif isinstance(wanted, list):
+        pairs = wanted
+    else:
+        pairs = []
+    entries = [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []} for t, lp in pairs]
+    ids = spec.get("token_ids")
+    if ids is True:
+        ids = [1000 + i for i in range(len(entries))]
+    return ({"content": entries, "refusal": None} if wanted else None), ids

@@ -31,6 +31,14 @@ Reply spec keys (all optional):
 * ``finish_reason``: default "tool_calls" with tool calls, else "stop".
 * ``usage``: dict, default 10 prompt + 5 completion = 15 total tokens.
 * ``latency``: seconds, used exactly (no jitter) instead of the server latency.
+* ``raw``: a string sent verbatim as the 200 reply body instead of a built
+  completion (odd but valid JSON, or not JSON at all).
+* ``trickle_seconds``: the reply body is sent one byte at a time, this many
+  seconds apart (a server that never stops sending but never finishes).
+* ``logprobs``: sent only when the request asks ``logprobs: true``: a list of
+  ``[token, logprob]`` pairs, or true for one token per character of the
+  content (logprob -0.01 x position). ``token_ids``: a list of ints, or true
+  for 1000 + position, put on the choice as vLLM's ``return_token_ids`` does.
 * ``fault``: "500"/"429"/"400"/any status digits, "context_length", "drop",
   "malformed" or "slow" (``slow_seconds``, default 30, then a normal reply).
   ``fault_times`` (default 1, -1 = always) is how many requests for this
@@ -59,7 +67,14 @@ Endpoints
 ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``POST /v1/images/generations`` (url or ``b64_json``), ``GET /images/<n>.png``,
 ``GET /_requests`` and ``GET /_image_requests`` (recorded bodies),
-``GET|POST /_faults`` (read or replace the global fault rates).
+``GET|POST /_faults`` (read or replace the global fault rates),
+``GET /_rate`` (what the rate limit accepted and refused).
+
+Rate limit
+----------
+``rate_limit=R`` (``--rate_limit R``) accepts R chat requests a second and answers 429 beyond that
+(scripted_rate_limit.py: a token bucket of ``rate_burst`` requests, by default R, with OpenAI's
+x-ratelimit-* and Retry-After headers; ``rate_headers=False`` sends only Retry-After).
 """
 
 from __future__ import annotations
@@ -79,11 +94,13 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from scripted_rate_limit import RateLimit
 from scripted_replies import (
     DEFAULT_USAGE,
     MALFORMED_BODY,
     MODEL_ID,
     PNG_BYTES,
+    build_logprobs,
     build_message,
     error_body,
     prompt_of,
@@ -163,6 +180,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _send_trickle(self, body: bytes, seconds: float):
+        """Send a 200 reply whose body arrives one byte at a time, `seconds` apart."""
+        self._responded = True
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.flush()
+        for i in range(len(body)):
+            if self.server.owner._stopping.wait(seconds):
+                return self._drop()
+            self.wfile.write(body[i : i + 1])
+            self.wfile.flush()
+
     def _send_json(self, status: int, obj, headers: dict | None = None):
         """Send a JSON response."""
         self._send_raw(status, json.dumps(obj).encode(), "application/json", headers)
@@ -222,6 +253,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, owner.image_requests())
             if path == "/_faults":
                 return self._send_json(200, owner.fault_rates())
+            if path == "/_rate":
+                return self._send_json(200, owner.rate_limit.stats() if owner.rate_limit else {})
             if _IMAGE_PATH.match(path):
                 return self._send_raw(200, PNG_BYTES, "image/png")
             return self._send_json(404, error_body(404, f"no route GET {path}"))
@@ -296,6 +329,12 @@ class _Handler(BaseHTTPRequestHandler):
         messages = body.get("messages") or []
         turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
         spec = owner._spec_for(prompt, turn)
+        limit_headers: dict = {}
+        if owner.rate_limit is not None:
+            accepted, limit_headers = owner.rate_limit.take()
+            if not accepted:
+                message = "Rate limit reached for requests (scripted rate limit)."
+                return self._send_json(429, error_body(429, message, code="rate_limit_exceeded"), limit_headers)
 
         global_fault = owner._roll_fault()
         if global_fault == "slow":
@@ -313,19 +352,29 @@ class _Handler(BaseHTTPRequestHandler):
         owner._sleep(float(spec["latency"]) if "latency" in spec else owner.draw_latency())
         if owner._stopping.is_set():
             return self._drop()
-        msg, finish = build_message(spec, turn)
-        self._send_json(
-            200,
-            {
-                "id": f"chatcmpl-scripted-{next(owner._completion_ids)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model") or MODEL_ID,
-                "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
-                "usage": spec.get("usage") or dict(DEFAULT_USAGE),
-                "system_fingerprint": None,
-            },
-        )
+        if "raw" in spec:
+            reply = spec["raw"].encode("utf-8", "surrogatepass")
+        else:
+            msg, finish = build_message(spec, turn)
+            choice = {"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}
+            if body.get("logprobs"):  # as real servers do: log probabilities only when asked for
+                choice["logprobs"], token_ids = build_logprobs(spec, msg.get("content"))
+                if token_ids is not None:
+                    choice["token_ids"] = token_ids
+            reply = json.dumps(
+                {
+                    "id": f"chatcmpl-scripted-{next(owner._completion_ids)}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model") or MODEL_ID,
+                    "choices": [choice],
+                    "usage": spec.get("usage") or dict(DEFAULT_USAGE),
+                    "system_fingerprint": None,
+                }
+            ).encode()
+        if "trickle_seconds" in spec:
+            return self._send_trickle(reply, float(spec["trickle_seconds"]))
+        self._send_raw(200, reply, "application/json", limit_headers)
 
 
 class ScriptedServer:
@@ -343,6 +392,9 @@ class ScriptedServer:
         port: int = 0,
         slow_seconds: float = 30.0,
         host: str = "127.0.0.1",
+        rate_limit: float | None = None,
+        rate_burst: float | None = None,
+        rate_headers: bool = True,
     ):
         self.script = {str(k): spec_list(v, f"script[{k!r}]") for k, v in (script or {}).items()}
         self.default_script = spec_list(default_script, "default_script") if default_script else None
@@ -350,6 +402,7 @@ class ScriptedServer:
         self.jitter = float(jitter)
         self.heavy_tail = bool(heavy_tail)
         self.slow_seconds = float(slow_seconds)
+        self.rate_limit = RateLimit(rate_limit, rate_burst, rate_headers) if rate_limit else None
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
         self._fault_rates: dict[str, float] = {}
@@ -517,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault_rates", "--fault-rates", type=json.loads, default=None)
     parser.add_argument("--slow_seconds", "--slow-seconds", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate_limit", "--rate-limit", type=float, default=None)
+    parser.add_argument("--rate_burst", "--rate-burst", type=float, default=None)
+    parser.add_argument("--no_rate_headers", "--no-rate-headers", action="store_true")
     args = parser.parse_args(argv)
 
     done = threading.Event()
@@ -537,6 +593,9 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         slow_seconds=args.slow_seconds,
         host=args.host,
+        rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
+        rate_headers=not args.no_rate_headers,
     )
     print(f"READY {srv.base_url}", flush=True)
     try:

@@ -57,7 +57,7 @@ def test_multi_step_task_writes_runs_and_answers(tmp_path):
     assert conv[5] == {"from": "gpt", "value": "The script printed sum=42."}
     assert record["completed"] is True and record["partial"] is False
     assert record["api_calls"] == 3 and len(requests) == 3
-    assert record["usage"] == {"prompt_tokens": 60, "completion_tokens": 18, "total_tokens": 78}
+    assert record["usage"] == {"prompt_tokens": 60, "completion_tokens": 18, "total_tokens": 78, "cost": 0.0}
     assert record["tool_stats"]["write_file"] == {"count": 1, "success": 1, "failure": 0}
     assert record["tool_stats"]["terminal"] == {"count": 1, "success": 1, "failure": 0}
     offered = {t["function"]["name"] for t in json.loads(record["tools"])}
@@ -362,7 +362,7 @@ def test_calls_without_ids_or_with_object_arguments_are_normalised(tmp_path):
     ]
 
     class StandIn:
-        def chat(self, messages, tools=None, model=None):
+        def chat(self, messages, tools=None, model=None, deadline=None):
             return Reply(replies[sum(m["role"] == "assistant" for m in messages)])
 
     ctx = make_ctx(spec=SandboxSpec(cwd=str(tmp_path)))

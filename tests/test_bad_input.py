@@ -112,7 +112,8 @@ def test_a_run_over_the_whole_corpus_warns_per_line_and_runs_every_valid_prompt(
 
 
 def test_a_lone_surrogate_from_the_endpoint_is_written_as_valid_json(tmp_path):
-    """An endpoint's "\\ud800" escape decodes to half a character; the writer must not crash on it."""
+    """An endpoint's "\\ud800" escape decodes to half a character; the writer must not crash on it, and writes
+    U+FFFD in its place (the escape itself would make the file unloadable in `datasets`)."""
     data = write_dataset(tmp_path / "ds.jsonl", ["surrogate please"])
     with ScriptedServer(default_script=[{"content": "half \ud800 char", "reasoning": "odd \udfff"}]) as srv:
         proc = run_cli(
@@ -122,7 +123,7 @@ def test_a_lone_surrogate_from_the_endpoint_is_written_as_valid_json(tmp_path):
         )
     assert_clean_exit(proc)
     (record,) = RunDir(tmp_path / "out" / "s").trajectories()
-    assert "half \ud800 char" in record["conversations"][-1]["value"]
+    assert "half \ufffd char" in record["conversations"][-1]["value"]
 
 
 # --- fatal problems: one line, exit 2, nothing created -----------------------------------------------------

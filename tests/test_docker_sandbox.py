@@ -14,7 +14,8 @@ from helpers import make_ctx
 
 from agentbatch import sandboxes
 from agentbatch.sandboxes import docker as sandbox_docker
-from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
+from agentbatch.sandboxes.base import RUN_DIR_LABEL, SandboxError, SandboxSettings, SandboxSpec, owner_labels
+from agentbatch.sandboxes.output import MAX_KEPT_OUTPUT
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import call_tool, load_tools
 from agentbatch.tools.settings import ToolSettings
@@ -257,23 +258,26 @@ def test_many_sandboxes_in_parallel_threads_do_not_interfere(contexts, docker_im
         t.join(timeout=60)
 
 
-def test_reap_containers_removes_only_that_runs_containers(docker_images, docker_run_name):
-    other_run = docker_run_name + "-other"
-    left = [sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))]
-    left += [sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[1], run_name=docker_run_name))]
-    survivor = sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=other_run))
+def test_reap_removes_only_the_containers_of_that_run_directory(docker_images, docker_run_name, tmp_path):
+    """Same --run_name, another --output_dir: another run directory, whose containers a reap never touches."""
+    mine, other = owner_labels(str(tmp_path / "a" / "run"), "dead"), owner_labels(str(tmp_path / "b" / "run"), "live")
+
+    def sandbox(image: str, labels: dict) -> sandbox_docker.DockerSandbox:
+        return sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=image, run_name=docker_run_name, labels=labels))
+
+    left = [sandbox(docker_images[0], mine), sandbox(docker_images[1], mine)]
+    survivor = sandbox(docker_images[0], other)
     try:
-        assert len(leftover_containers(docker_run_name)) == 2
-        assert sandbox_docker.reap(docker_run_name) == 2
-        assert leftover_containers(docker_run_name) == []
-        assert leftover_containers(other_run) != []
+        assert len(leftover_containers(docker_run_name)) == 3
+        assert sandbox_docker.reap({RUN_DIR_LABEL: mine[RUN_DIR_LABEL]}) == 2
+        assert len(leftover_containers(docker_run_name)) == 1
         assert survivor.exec("echo alive", 10).output == "alive\n"
-        for sandbox in left:  # cleanup of a container someone else removed is quiet
-            sandbox.cleanup()
-        assert sandbox_docker.reap(docker_run_name) == 0
+        for s in left:  # cleanup of a container someone else removed is quiet
+            s.cleanup()
+        assert sandbox_docker.reap({RUN_DIR_LABEL: mine[RUN_DIR_LABEL]}) == 0
     finally:
         survivor.cleanup()
-    assert leftover_containers(other_run) == []
+    assert leftover_containers(docker_run_name) == []
 
 
 def test_cleanup_is_idempotent_and_a_cleaned_sandbox_refuses_work(docker_images, docker_run_name):
@@ -288,7 +292,7 @@ def test_cleanup_is_idempotent_and_a_cleaned_sandbox_refuses_work(docker_images,
 def test_huge_output_keeps_head_and_tail(docker_images, docker_run_name):
     sandbox = sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))
     try:
-        cap = sandbox_docker.MAX_KEPT_OUTPUT
+        cap = MAX_KEPT_OUTPUT
         result = sandbox.exec(f"echo FIRST; yes filler | head -c {5 * cap}; echo; echo LAST", 60)
         assert result.exit_code == 0
         assert result.output.startswith("FIRST\n") and result.output.endswith("LAST\n")

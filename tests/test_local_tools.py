@@ -8,6 +8,7 @@ import time
 
 import pytest
 from helpers import make_ctx, run_agent_once, tool_turns
+from sandbox_support import new_marker, wait_gone
 from scripted_server import ScriptedServer
 
 from agentbatch.sandboxes.base import SandboxSpec
@@ -21,16 +22,6 @@ P = "the prompt"
 
 def terminal_call(command: str) -> dict:
     return {"name": "terminal", "arguments": {"command": command}}
-
-
-def alive(pid: int) -> bool:
-    """Running and not a zombie (PID 1 in a container may never reap orphans)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            state = next(line for line in f if line.startswith("State:"))
-    except (OSError, StopIteration):
-        return False
-    return "Z" not in state.split()[1]
 
 
 def test_long_tool_output_is_capped_keeping_head_and_tail():
@@ -54,8 +45,9 @@ def test_long_tool_output_is_capped_keeping_head_and_tail():
 
 def test_command_outliving_timeout_is_killed_with_its_children(tmp_path):
     settings = ToolSettings(command_timeout=1.0)
+    marker = new_marker()
     # One child stays in the process group; the other leaves it with setsid and would hold the pipe open.
-    command = "sleep 60 & echo $! > child.pid; setsid sh -c 'echo $$ > escaped.pid; exec sleep 60' & sleep 60"
+    command = f"sleep {marker}1 & setsid sh -c 'exec sleep {marker}2' & sleep {marker}3"
     script = [{"tool_calls": [terminal_call(command)]}, {"content": "it hung"}]
     with ScriptedServer(script={P: script}) as srv:
         start = time.monotonic()
@@ -66,25 +58,21 @@ def test_command_outliving_timeout_is_killed_with_its_children(tmp_path):
     assert "timed out" in result["error"] and result["exit_code"] == -9
     assert record["tool_stats"]["terminal"] == {"count": 1, "success": 0, "failure": 1}
     assert record["completed"] is True  # the loop went on after the failed command
-    for name in ("child.pid", "escaped.pid"):
-        pid = int((tmp_path / name).read_text())
-        deadline = time.monotonic() + 2
-        while alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(pid), name
+    assert wait_gone(marker, 2.0) == []
 
 
 def test_background_processes_die_with_the_sandbox(tmp_path):
+    marker = new_marker()
     script = [
-        {"tool_calls": [terminal_call("nohup setsid sleep 60 > /dev/null 2>&1 & echo $! > bg.pid")]},
+        {"tool_calls": [terminal_call(f"nohup setsid sleep {marker} > /dev/null 2>&1 & echo started")]},
         {"content": "started a server"},
     ]
     with ScriptedServer(script={P: script}) as srv:
         start = time.monotonic()
         record = run_agent_once(srv, P, ["terminal"], cwd=str(tmp_path))
     assert time.monotonic() - start < 5
-    assert json.loads(tool_turns(record)[0]["value"])["error"] is None
-    assert not alive(int((tmp_path / "bg.pid").read_text()))
+    assert json.loads(tool_turns(record)[0]["value"]) == {"output": "started\n", "exit_code": 0, "error": None}
+    assert wait_gone(marker, 1.0) == []
 
 
 def test_api_key_never_reaches_tool_output_or_record(monkeypatch):
@@ -179,7 +167,7 @@ def test_file_tools_never_write_outside_the_sandbox(ctx, tmp_path):
     outside = tmp_path.parent / f"outside-{os.getpid()}.txt"
     for path in (str(outside), "../" + outside.name):
         result, ok = run(ctx, "write_file", path=path, content="x")
-        assert not ok and "writes only inside" in result["error"]
+        assert not ok and "read and write only inside" in result["error"]
     assert not outside.exists()
     os.symlink(tmp_path.parent, tmp_path / "escape")
     result, ok = run(ctx, "write_file", path=f"escape/{outside.name}", content="x")

@@ -22,8 +22,11 @@ PROBES = [
     "cat /proc/self/environ | tr '\\0' '\\n'",
     f"cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -a '{PATTERN}'; "
     f"cat /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -a '{PATTERN}'; echo scan-done",
-    # The shell's parent is the worker, whose parent is the runner: read the runner's own /proc files.
-    "ps auxww 2>/dev/null | grep -a -c 'batch_runne[r]'; R=$(awk '{print $4}' /proc/$PPID/stat); "
+    # Up the process tree to the runner, and read its own /proc files. The walk goes through /proc/self, not
+    # $PPID: a command in a PID namespace has $PPID 0, but the host's /proc still shows its host ancestors.
+    "ps auxww 2>/dev/null | grep -a -c 'batch_runne[r]'; R=$(awk '{print $4}' /proc/self/stat); "
+    "while [ \"$R\" -gt 1 ] && ! tr '\\0' ' ' < /proc/$R/cmdline | grep -q 'batch_runne[r]'; "
+    "do R=$(awk '{print $4}' /proc/$R/stat); done; "
     "echo runner-cmdline: $(tr '\\0' ' ' < /proc/$R/cmdline); "
     "tr '\\0' '\\n' < /proc/$R/environ | grep -a 'API_KE[Y]'",
 ]

@@ -16,7 +16,7 @@ from cli_helpers import run_cli, write_dataset
 from scripted_server import ScriptedServer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "seeded_run.json"
-UNSTABLE = ("timestamp", "updated_at", "duration_seconds")
+UNSTABLE = ("timestamp", "updated_at", "duration_seconds", "seconds")
 
 
 def _thinking(content: str = "done", **kw) -> dict:
@@ -58,8 +58,12 @@ SCRIPT = {
         _thinking("both"),
     ],
     "p-dup": [_thinking("dup answer")],
+    "p-check": [_call("terminal", {"command": "echo made > made.txt"}), _thinking("made it")],
 }
+# The last row carries a check (README, "Verified outcomes"), so the pinned output holds a verified line.
 PROMPTS = [*SCRIPT, "p-dup", "p-default"]
+PROMPTS.remove("p-check")
+PROMPTS.append({"prompt": "p-check", "verify": "grep -q made made.txt && echo checked", "answer": "made it"})
 
 
 def _normalised(value):

@@ -162,7 +162,8 @@ def test_every_line_has_the_same_shape_and_names_every_tool(lines):
         assert list(r["tool_stats"]) == list(ALL_TOOL_NAMES)
         assert list(r["tool_error_counts"]) == list(ALL_TOOL_NAMES)
         assert all(r["tool_error_counts"][n] == s["failure"] for n, s in r["tool_stats"].items())
-        assert set(r["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+        assert set(r["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens", "cost"}
+        assert isinstance(r["usage"]["cost"], float)
         assert isinstance(r["tools"], str) and isinstance(json.loads(r["tools"]), list)
         for turn in r["conversations"]:
             assert isinstance(turn["value"], str)
@@ -225,7 +226,38 @@ def test_merge_puts_a_tool_using_entry_first_so_any_order_of_batches_loads(lines
     report = files.merge()
     assert report.kept == N_LINES
     merged = [json.loads(line) for line in open(files.path("trajectories.jsonl"), encoding="utf-8")]
-    assert tool_turns(merged[0])
-    assert merged[1:] == [r for r in ordered if r is not next(x for x in ordered if tool_turns(x))]
+    # The leads come from the newest batch first: its first line (showing the outcome fields, as every line
+    # does), then its first tool-using line if that first line has no tool call.
+    newest = ordered[half:]
+    leads = [newest[0]] if tool_turns(newest[0]) else [newest[0], next(x for x in newest if tool_turns(x))]
+    assert merged[: len(leads)] == leads
+    assert merged[len(leads) :] == [r for r in ordered if all(r is not x for x in leads)]
     ds = _load(files.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
     assert ds.num_rows == N_LINES
+
+
+def _old_shape(record: dict) -> dict:
+    """A line as runs wrote it before stop_reason, sample_index and the cost in usage existed."""
+    old = {k: v for k, v in record.items() if k not in ("stop_reason", "sample_index")}
+    old["usage"] = {k: v for k, v in record["usage"].items() if k != "cost"}
+    return old
+
+
+def test_a_resumed_run_mixing_old_and_new_lines_merges_into_one_loadable_file(lines, tmp_path, monkeypatch):
+    # The first session wrote old-shaped lines, tool-using ones among them; the resumed one writes every field.
+    # Whatever the first block holds, the merge's lead entry must show every field, or chunked loading fails.
+    from agentbatch.run_files import RunFiles
+
+    _, records = lines
+    files = RunFiles(str(tmp_path / "run"))
+    files.prepare()
+    half = len(records) // 2
+    _rewrite([_old_shape(r) for r in records[:half]], files.batch_path(0))
+    _rewrite(records[half:], files.batch_path(1))
+    assert files.merge().kept == N_LINES
+    ds = _load(files.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
+    assert ds.num_rows == N_LINES
+    by_index = {row["prompt_index"]: row for row in ds}
+    assert by_index[0]["stop_reason"] is None and by_index[0]["usage"].get("cost") is None  # old lines: null
+    assert by_index[half]["stop_reason"] == records[half]["stop_reason"]
+    assert by_index[half]["usage"]["cost"] == records[half]["usage"]["cost"]

@@ -13,10 +13,15 @@ from typing import Protocol
 
 from agentbatch.prompt_runner import PromptOutcome, PromptTask
 
+# Asked before each prompt is handed out (the run's budget): False keeps the slot empty for now.
+Admit = Callable[[], bool]
+
 
 class Executor(Protocol):
-    def run(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
-        """Yield outcomes as prompts finish; after `stop` is set no new prompt is handed out."""
+    def run(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
+    ) -> Iterator[PromptOutcome]:
+        """Yield outcomes as prompts finish; after `stop` is set, or while `admit()` is False, none is handed out."""
 
     def close(self) -> None:
         """Stop at once (a second Ctrl-C, a write failure): workers holding prompts are killed, not awaited."""
@@ -25,46 +30,47 @@ class Executor(Protocol):
 class Slots:
     """Which prompts each of `workers` workers holds, at most `per_worker` each."""
 
-    def __init__(self, workers: int, per_worker: int):
+    def __init__(self, workers: int, per_worker: int, total: int | None = None):
         self.per_worker = per_worker
-        self.held: list[dict[int, PromptTask]] = [{} for _ in range(workers)]
+        self.total = total or workers * per_worker  # workers × per_worker may round the sessions asked for up
+        self.held: list[dict[tuple[int, int], PromptTask]] = [{} for _ in range(workers)]
+        self.count = 0
 
-    def fill(self, pending: Iterator[PromptTask], send: Callable[[int, PromptTask], None]) -> bool:
+    def fill(
+        self, pending: Iterator[PromptTask], send: Callable[[int, PromptTask], None], admit: Admit | None = None
+    ) -> bool:
         """Hand tasks to the least-loaded workers until every slot is taken; True once `pending` is exhausted."""
-        while True:
+        while self.count < self.total:
             worker = min(range(len(self.held)), key=lambda w: len(self.held[w]))
-            if len(self.held[worker]) >= self.per_worker:
+            if len(self.held[worker]) >= self.per_worker or (admit is not None and not admit()):
                 return False
             task = next(pending, None)
             if task is None:
                 return True
-            self.held[worker][task.index] = task
+            self.held[worker][task.key] = task
+            self.count += 1
             send(worker, task)
+        return False
 
-    def release(self, index: int) -> None:
-        """A prompt's outcome arrived: its slot is free."""
+    def release(self, key: tuple[int, int]) -> None:
+        """A sample's outcome arrived (key: its prompt and sample index): its slot is free."""
         for held in self.held:
-            if held.pop(index, None) is not None:
+            if held.pop(key, None) is not None:
+                self.count -= 1
                 return
 
     def take(self, worker: int) -> list[PromptTask]:
         """The prompts a dead worker held (its slots are free again)."""
         lost = list(self.held[worker].values())
         self.held[worker].clear()
+        self.count -= len(lost)
         return lost
 
     @property
     def busy(self) -> bool:
-        return any(self.held)
+        return self.count > 0
 
 
 def lost(task: PromptTask, error: str) -> PromptOutcome:
     """The outcome of a prompt whose worker died with it."""
-    return PromptOutcome(task.index, task.prompt, task.batch_num, "failed", error=error)
-
-
-def threads_per_worker(concurrency: int | None, num_workers: int) -> int:
-    """Slots per worker for a total concurrency (at least one)."""
-    if not concurrency:
-        return 1
-    return max(1, -(-concurrency // num_workers))
+    return PromptOutcome(task.index, task.prompt, task.batch_num, "failed", error=error, sample_index=task.sample_index)

@@ -1,107 +1,240 @@
 """Prompt-level scheduling on worker processes, each running several prompts at once on threads.
 
-Each worker has its own task queue, so the parent always knows which prompts a worker holds: if a worker
-process dies, exactly those prompts are reported failed and a fresh worker takes its place.
+Each worker has its own two pipes (tasks in, outcomes out), so the parent always knows which prompts a
+worker holds and which worker an outcome came from. A worker's death shows at once on its process
+sentinel: the outcomes it sent first are recorded, exactly the prompts it still held fail, and a fresh
+worker takes its place.
+
+Workers start when the executor is made, before the session's threads (progress bar, signals) exist, and
+are forked: a forked worker runs its first prompt within milliseconds, with every module already imported,
+where a spawned interpreter spent ~0.3-0.7 s importing them again (bench/RESULTS.md). A worker started
+later, to replace a dead one, is spawned: forking a process whose other threads may hold a lock (a
+stream's, an allocator's) can leave that lock held forever in the child.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import queue
 import signal
+import sys
 import threading
 from collections.abc import Iterable, Iterator
+from multiprocessing.connection import Connection, wait
 
-from agentbatch.executors.base import Slots, lost
+from agentbatch import process_guard
+from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.tools.registry import load_tools
 
 _POLL_SECONDS = 0.5
+_STOP = None  # the message that tells a worker's threads to finish
 
 
-def _worker_main(cfg: RunConfig, tasks: mp.Queue, results: mp.Queue, threads: int) -> None:
+def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads: int, inherited=()) -> None:
+    """A worker process: `threads` slots, each taking a task, running it and sending its outcome back."""
+    process_guard.guard_worker(cfg.secrets)  # dies with the runner; memory unreadable; logs redacted
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    clients = Clients.for_config(cfg)  # one connection pool set per thread, shared SSL context
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while the parent forked
+    for conn in inherited:  # a forked worker's copies of the parent's pipe ends: EOF must mean the parent left
+        conn.close()
+    _name_process("br-worker")
+    clients = Clients.for_config(cfg)  # one connection per thread, one TLS context for all
     # The imported modules are tens of thousands of objects that live as long as the process; a full
     # collection walks them all and pauses every thread of the worker (bench/RESULTS.md).
     gc.freeze()
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    give, count = threading.Lock(), threading.Lock()
+    waiting = [0]  # threads between prompts, each about to take one from the inbox
 
-    def slot() -> None:
-        while True:
-            task = tasks.get()
-            if task is None:
-                return
-            results.put(run_prompt(task, cfg, clients))
+    def run(task: PromptTask) -> bool:
+        outcome = run_prompt(task, cfg, clients)
+        try:
+            with give:
+                results.send(outcome)
+        except OSError:  # the parent is gone: nobody is left to record it
+            return False
+        return True
 
-    pool = [threading.Thread(target=slot, daemon=True) for _ in range(threads)]
-    for t in pool:
-        t.start()
+    def slot(task: PromptTask) -> None:
+        while task is not _STOP and run(task):
+            with count:
+                waiting[0] += 1
+            task = inbox.get()
+
+    pool: list[threading.Thread] = []
+    # This thread reads the pipe into the inbox, so the parent's sends never wait on a busy slot. A thread is
+    # started when a prompt finds none waiting: a run never starts more than it has prompts in flight.
+    while True:
+        try:
+            task = tasks.recv()
+        except (EOFError, OSError):  # the parent is gone
+            task = _STOP
+        if task is _STOP:
+            break
+        with count:
+            idle = waiting[0] > 0
+            waiting[0] -= idle
+        if idle or len(pool) >= threads:
+            if pool:
+                inbox.put(task)
+            elif not run(task):  # no thread could be started: this one runs the prompts
+                break
+            continue
+        t = threading.Thread(target=slot, args=(task,), daemon=True)
+        try:
+            t.start()
+            pool.append(t)
+        except RuntimeError as e:  # the machine gives no more threads: run with fewer, fail no prompt for it
+            print(f"warning: a worker runs {len(pool)} of its {threads} threads ({e})", file=sys.stderr)
+            threads = len(pool)
+            if pool:
+                inbox.put(task)
+            elif not run(task):
+                break
+    for _ in pool:
+        inbox.put(_STOP)
     for t in pool:
         t.join()
 
 
+def _name_process(name: str) -> None:
+    """What ps, top and psutil call the worker (its command line is the runner's when forked)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/comm", "w") as f:
+            f.write(name)
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """Ctrl-C waits while a worker starts, so it lands in the parent's handler, never in a half-made worker."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class _Worker:
-    def __init__(self, ctx, cfg: RunConfig, results: mp.Queue, threads: int):
-        self.tasks = ctx.Queue()
-        self.process = ctx.Process(target=_worker_main, args=(cfg, self.tasks, results, threads), daemon=True)
-        self.process.start()
+    """A worker process and the parent's ends of its pipes."""
+
+    def __init__(self, ctx, cfg: RunConfig, threads: int, inherited: list[Connection]):
+        task_end, self.tasks = mp.Pipe(duplex=False)
+        self.results, result_end = mp.Pipe(duplex=False)
+        forked = ctx.get_start_method() == "fork"
+        own = [*inherited, self.tasks, self.results] if forked else []
+        self.process = ctx.Process(
+            target=_worker_main, args=(cfg, task_end, result_end, threads, own), daemon=True, name="br-worker"
+        )
+        with _sigint_blocked():
+            self.process.start()
+        task_end.close()  # the worker's ends: only the worker may hold them, so its death is an EOF here
+        result_end.close()
+
+    def send(self, task) -> None:
+        try:
+            self.tasks.send(task)
+        except OSError:  # it died: its sentinel says so, and the prompts it held are failed then
+            pass
+
+    def close(self) -> None:
+        self.tasks.close()
+        self.results.close()
 
 
 class LocalExecutor:
-    """num_workers processes × threads_per_worker slots on this machine."""
+    """`processes` worker processes × `threads` slots on this machine, at most `sessions` prompts at once."""
 
-    def __init__(self, cfg: RunConfig, num_workers: int, threads_per_worker: int = 1):
+    def __init__(self, cfg: RunConfig, processes: int, threads: int = 1, sessions: int | None = None):
         self.cfg = cfg
-        self.num_workers = num_workers
-        self.threads = threads_per_worker
-        self._ctx = mp.get_context("spawn")  # no fork: the parent runs threads (progress bar, signals)
+        self.threads = threads
+        self.sessions = sessions or processes * threads
+        self._spawn = mp.get_context("spawn")
+        # Forking is safe only while this is the process's one thread (see the module docstring).
+        single = threading.active_count() == 1 and sys.platform == "linux"
+        ctx = mp.get_context("fork") if single else self._spawn
+        load_tools()  # imported once here, inherited by every forked worker
+        # Whatever exists now lives as long as the run: no collection, here or in a forked worker, need walk it
+        # (nor touch its pages, which the workers share with this process until written).
+        gc.freeze()
+        self.workers: list[_Worker] = []
+        for _ in range(processes):
+            self.workers.append(_Worker(ctx, cfg, threads, self._parent_ends()))
         self._running: Iterator[PromptOutcome] | None = None
+        self._closed = False
 
-    def run(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
-        self._running = self._outcomes(tasks, stop)
+    def run(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
+    ) -> Iterator[PromptOutcome]:
+        self._running = self._outcomes(tasks, stop, admit)
         return self._running
 
     def close(self) -> None:
+        """Stop the workers: idle ones are told to finish, ones still holding prompts are killed."""
         if self._running is not None:
             self._running.close()  # its finally shuts the workers down
+        if not self._closed:
+            self._closed = True
+            _shutdown(self.workers, None)
 
-    def _outcomes(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
-        results = self._ctx.Queue()
-        workers = [_Worker(self._ctx, self.cfg, results, self.threads) for _ in range(self.num_workers)]
-        slots = Slots(self.num_workers, self.threads)
+    def _parent_ends(self) -> list[Connection]:
+        return [c for w in self.workers for c in (w.tasks, w.results)]
+
+    def _outcomes(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None
+    ) -> Iterator[PromptOutcome]:
+        workers = self.workers
+        slots = Slots(len(workers), self.threads, total=self.sessions)
         pending = iter(tasks)
         exhausted = False
         try:
             while True:
                 if not exhausted and not stop.is_set():
-                    exhausted = slots.fill(pending, lambda w, task: workers[w].tasks.put(task))
+                    exhausted = slots.fill(pending, lambda w, task: workers[w].send(task), admit)
                 if not slots.busy and (exhausted or stop.is_set()):
                     return
-                try:
-                    outcome: PromptOutcome = results.get(timeout=_POLL_SECONDS)
-                except queue.Empty:
-                    for i, w in enumerate(workers):
-                        if not w.process.is_alive():
-                            error = f"worker process died (exit code {w.process.exitcode})"
-                            yield from (lost(task, error) for task in slots.take(i))
-                            workers[i] = _Worker(self._ctx, self.cfg, results, self.threads)
-                    continue
-                slots.release(outcome.index)
-                yield outcome
+                ready = set(wait([w.results for w in workers] + [w.process.sentinel for w in workers], _POLL_SECONDS))
+                for i, w in enumerate(list(workers)):
+                    dead = w.process.sentinel in ready
+                    if w.results in ready or dead:
+                        outcomes, eof = _drain(w.results, 0.5 if dead else 0.0)  # a dead one's last words too
+                        for outcome in outcomes:
+                            slots.release(outcome.key)
+                            yield outcome
+                        dead = dead or eof
+                    if dead:
+                        w.process.join(timeout=5)
+                        error = f"worker process died (exit code {w.process.exitcode})"
+                        yield from (lost(task, error) for task in slots.take(i))
+                        w.close()
+                        workers[i] = _Worker(self._spawn, self.cfg, self.threads, [])
         finally:
+            self._closed = True
             _shutdown(workers, slots)
 
 
-def _shutdown(workers: list[_Worker], slots: Slots) -> None:
+def _drain(conn: Connection, timeout: float) -> tuple[list[PromptOutcome], bool]:
+    """The outcomes waiting in a worker's pipe, and whether it reached its end (the worker is gone)."""
+    out = []
+    try:
+        while conn.poll(timeout):
+            out.append(conn.recv())
+    except (EOFError, OSError):
+        return out, True
+    return out, False
+
+
+def _shutdown(workers: list[_Worker], slots: Slots | None) -> None:
     for i, w in enumerate(workers):
-        if slots.held[i]:  # interrupted with prompts in flight: do not wait for them
+        if slots is not None and slots.held[i]:  # interrupted with prompts in flight: do not wait for them
             w.process.kill()
-            continue
-        for _ in range(slots.per_worker):
-            w.tasks.put(None)
+        else:
+            w.send(_STOP)
     for w in workers:
         w.process.join(timeout=10)
         if w.process.is_alive():
             w.process.kill()
             w.process.join(timeout=5)
-        w.tasks.cancel_join_thread()
+        w.close()

@@ -28,7 +28,8 @@ from collections.abc import Iterable, Iterator
 import ray
 from ray.exceptions import RayActorError, RayError
 
-from agentbatch.executors.base import Slots, lost
+from agentbatch import process_guard
+from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
 
 _POLL_SECONDS = 0.5
@@ -39,6 +40,7 @@ class PromptActor:
     """One Ray worker process running up to max_concurrency prompts on threads."""
 
     def __init__(self, cfg: RunConfig):
+        process_guard.guard_worker(cfg.secrets, die_with_parent=False)  # Ray, not its parent, ends an actor
         self.cfg = cfg
         self.clients = Clients.for_config(cfg)
 
@@ -61,15 +63,19 @@ class RayExecutor:
         self.actors: list = []  # the live actor of each slot group, for tests that kill one
         self._running: Iterator[PromptOutcome] | None = None
 
-    def run(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
-        self._running = self._outcomes(tasks, stop)
+    def run(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
+    ) -> Iterator[PromptOutcome]:
+        self._running = self._outcomes(tasks, stop, admit)
         return self._running
 
     def close(self) -> None:
         if self._running is not None:
             self._running.close()  # its finally kills the actors
 
-    def _outcomes(self, tasks: Iterable[PromptTask], stop: threading.Event) -> Iterator[PromptOutcome]:
+    def _outcomes(
+        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None
+    ) -> Iterator[PromptOutcome]:
         started = self._connect()
         refs: dict[ray.ObjectRef, tuple[int, object, PromptTask]] = {}
         slots = Slots(self.num_workers, self.threads)
@@ -84,7 +90,7 @@ class RayExecutor:
             exhausted = False
             while True:
                 if not exhausted and not stop.is_set():
-                    exhausted = slots.fill(pending, send)
+                    exhausted = slots.fill(pending, send, admit)
                 if not refs and (exhausted or stop.is_set()):
                     return
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=_POLL_SECONDS)
@@ -92,7 +98,7 @@ class RayExecutor:
                     ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
                 for ref in ready:
                     slot, actor, task = refs.pop(ref)
-                    slots.release(task.index)
+                    slots.release(task.key)
                     yield self._outcome(ref, slot, actor, task)
         finally:
             for actor in self.actors:

@@ -185,6 +185,8 @@ def adapt_request(body: dict) -> dict:
     - The tools are listed only inside a system message: one is added when the request has none.
     - A reply without `max_tokens` may run to the end of the context: it is capped at MAX_TOKENS (a cut
       reply ends with finish_reason "length", so the trajectory says it is partial).
+    - `logprobs: true` alone returns none: it passes `top_logprobs` on as the count, so 0 (OpenAI's default)
+      is added. Replies that call a tool come without logprobs whatever is asked.
     """
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -208,6 +210,8 @@ def adapt_request(body: dict) -> dict:
     body = dict(body, messages=adapted)
     if body.get("max_tokens") is None:
         body["max_tokens"] = MAX_TOKENS
+    if body.get("logprobs") and body.get("top_logprobs") is None:
+        body["top_logprobs"] = 0
     if tools and "tool_choice" not in body:
         had_result = any(isinstance(m, dict) and m.get("role") == "tool" for m in messages)
         body["tool_choice"] = "none" if had_result else "auto"

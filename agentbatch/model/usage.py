@@ -1,19 +1,40 @@
-"""Token counts of a prompt, summed over every model call it makes (the tools' calls included)."""
+"""Token counts and cost of a prompt, summed over every model call it makes (the tools' calls included)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+# Costs are kept to a ten-billionth of a dollar: far below any price, and sums of them print without float noise.
+COST_DIGITS = 10
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per million tokens (--price_input / --price_output), for calls whose endpoint reports no cost."""
+
+    input: float = 0.0
+    output: float = 0.0
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.input + completion_tokens * self.output) / 1_000_000
+
 
 @dataclass
 class Usage:
-    """Token counts; add() is safe from several threads (mixture_of_agents asks its models at once)."""
+    """Token counts and USD cost; add() is safe from several threads (mixture_of_agents asks its models at once).
+
+    A call's cost is what the endpoint reported in its `usage.cost` (OpenRouter's usage accounting), else the
+    tokens at `prices`; with neither it is 0.
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cost: float = 0.0
+    prices: Prices = field(default_factory=Prices, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, usage: Any) -> None:
@@ -22,16 +43,20 @@ class Usage:
             return
         p, c = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
         total = _count(usage.get("total_tokens")) or p + c
+        reported = _cost(usage.get("cost"))
+        cost = reported if reported is not None else self.prices.cost(p, c)
         with self._lock:
             self.prompt_tokens += p
             self.completion_tokens += c
             self.total_tokens += total
+            self.cost += cost
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
+            "cost": round(self.cost, COST_DIGITS),
         }
 
 
@@ -45,3 +70,23 @@ def _count(value: Any) -> int:
     if isinstance(value, float) and value == value and value != float("inf"):
         value = int(value)
     return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _cost(value: Any) -> float | None:
+    """A reported cost in USD (a number or numeric string, finite, not negative); None when there is none."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def cost_of(usage: Any) -> float:
+    """The cost recorded in a saved `usage` object (0.0 for lines written before costs were recorded)."""
+    value = _cost(usage.get("cost")) if isinstance(usage, dict) else None
+    return value or 0.0

@@ -6,6 +6,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Labels of every sandbox that carries labels (a container): which run directory and which session made it.
+# A session holds its run directory's lock (run_files.RunFiles.lock) while it runs, so once a session has
+# the lock, every sandbox of that directory but its own is a dead session's, and may be removed.
+RUN_DIR_LABEL = "batch_runner.run_dir"
+SESSION_LABEL = "batch_runner.session"
+
 # Only these host variables reach a sandboxed command; everything else (API keys above all) stays out.
 SAFE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -19,6 +25,10 @@ class SandboxError(Exception):
     """The environment itself failed (not the command the model ran)."""
 
 
+class SandboxLost(SandboxError):
+    """The sandbox went away under a running prompt (its container removed): the prompt fails, whatever it ran."""
+
+
 @dataclass
 class ExecResult:
     """What a command printed (stdout and stderr interleaved), its exit code, and whether it timed out."""
@@ -30,7 +40,7 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class SandboxSettings:
-    """The run's sandbox choice and limits (from the flags)."""
+    """The run's sandbox choice and limits (from the flags): docker's, then bwrap's rlimits of each command."""
 
     kind: str = "local"
     docker_image: str | None = None
@@ -38,6 +48,12 @@ class SandboxSettings:
     cpus: float = 1.0
     pids: int = 256
     network: bool = True
+    starts: int = 0  # sandboxes this process creates at once (0: no limit); see sandboxes/starts.py
+    processes: int = 256
+    memory_bytes: int = 1024**3
+    file_size_bytes: int = 1024**3
+    cpu_seconds: int = 600
+    local_containment: str | None = None  # None: the best this machine allows (tests name one)
 
 
 @dataclass
@@ -63,9 +79,13 @@ class Sandbox(Protocol):
 
     def exec(self, command: str, timeout: float) -> ExecResult: ...
 
-    def read_file(self, path: str) -> bytes: ...
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        """A regular file's bytes: at most `limit` of them, else all up to the backend's maximum (OSError past it)."""
 
     def write_file(self, path: str, data: bytes) -> None: ...
+
+    def confine(self, path: str) -> str:
+        """The path to give a command (a search) that must reach no further than the file tools; raises if not."""
 
     def cleanup(self) -> None: ...
 
@@ -79,10 +99,15 @@ class Backend(Protocol):
     def create(self, spec: SandboxSpec) -> Sandbox:
         """Make the sandbox; the caller must call its cleanup() whatever happens."""
 
-    def reap(self, run_name: str) -> int:
-        """Remove what sandboxes of this run left behind (a killed session's); returns how many."""
+    def reap(self, labels: dict[str, str]) -> int:
+        """Remove every sandbox carrying all these labels (what a dead session left behind); returns how many."""
 
 
 def resolve_path(workdir: str, path: str) -> str:
     """A path as the model gave it, relative paths taken from the working directory."""
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(workdir, path))
+
+
+def owner_labels(run_dir: str, session: str) -> dict[str, str]:
+    """The labels of one session's sandboxes: its run directory (absolute, symlinks resolved) and its id."""
+    return {RUN_DIR_LABEL: os.path.realpath(run_dir), SESSION_LABEL: session}

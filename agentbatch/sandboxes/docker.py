@@ -26,7 +26,9 @@ import docker.errors
 import requests
 from docker.utils.socket import read as socket_read
 
-from agentbatch.sandboxes.base import ExecResult, SandboxError, SandboxSpec
+from agentbatch.sandboxes.base import ExecResult, SandboxError, SandboxLost, SandboxSpec
+from agentbatch.sandboxes.output import KILL_GRACE
+from agentbatch.sandboxes.output import BoundedOutput as _Output
 
 RUN_LABEL = "batch_runner.run"
 DEFAULT_WORKDIR = "/workspace"
@@ -35,8 +37,9 @@ KEEPALIVE = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; 
 PROBE = "command -v bash 2>/dev/null || echo; id -u 2>/dev/null || echo 0; id -g 2>/dev/null || echo 0"
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 MAX_FILE_BYTES = 64 * 1024 * 1024
-MAX_KEPT_OUTPUT = 2 * 1024 * 1024  # bytes kept from each end of a command's output
-KILL_GRACE = 3.0  # seconds the output stream gets to close after its processes were killed
+# A forced removal kills the command before the engine marks its container gone: how long a SIGKILLed
+# command waits for that mark before it counts as killed by something inside the container (OOM, say).
+LOST_SETTLE = 5.0
 _SYMLINK_BIT = 1 << 27  # Go's os.ModeSymlink, as the archive API reports it
 _DIR_BIT = 1 << 31  # Go's os.ModeDir
 
@@ -197,6 +200,7 @@ class DockerSandbox:
             )["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except _ENGINE_ERRORS as e:
+            self._raise_if_lost(e)
             raise SandboxError(f"the sandbox container cannot run commands: {_one_line(e)}") from e
         out = _Output()
         try:
@@ -208,18 +212,50 @@ class DockerSandbox:
         finally:
             _close(sock)
         if not eof:
+            self._raise_if_lost()
             return ExecResult(out.text(), -9, timed_out=True)
-        return ExecResult(out.text(), self._exit_code(exec_id))
+        code = self._exit_code(exec_id)
+        if code < 0 or code == 137:  # SIGKILLed: by its own doing, or because its container went away
+            self._raise_if_lost(settle=LOST_SETTLE)
+        return ExecResult(out.text(), code)
 
     def _exit_code(self, exec_id: str) -> int:
         api = _client().api
         # The stream can close a moment before the engine records the exit code.
         for _ in range(50):
-            info = api.exec_inspect(exec_id)
+            try:
+                info = api.exec_inspect(exec_id)
+            except _ENGINE_ERRORS:  # the exec went with its container
+                return -1
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             time.sleep(0.02)
         return -1
+
+    def _raise_if_lost(self, cause: BaseException | None = None, settle: float = 0.0) -> None:
+        """Raise SandboxLost if the container was removed or stopped under the prompt (not by us).
+
+        With `settle`, a container still marked running is looked at again for that long first.
+        """
+        short = (self.container_id or "?")[:12]
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                state = _client().api.inspect_container(self.container_id).get("State") or {}
+            except docker.errors.NotFound:
+                raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
+            except _ENGINE_ERRORS:
+                return  # the engine cannot say: the caller reports what it saw
+            if state.get("Status") in ("removing", "dead"):
+                raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
+            if not state.get("Running"):
+                raise SandboxLost(
+                    f"the sandbox container {short} stopped while the prompt ran "
+                    f"({state.get('Status')}, exit code {state.get('ExitCode')})"
+                ) from cause
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
 
     def _kill_session(self, pid: str | None) -> None:
         """Kill every process of the timed-out command's session; all but PID 1 if its PID never arrived."""
@@ -239,14 +275,15 @@ class DockerSandbox:
     def _path(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workdir, path))
 
-    def read_file(self, path: str) -> bytes:
-        """A file's bytes, symlinks followed; FileNotFoundError or IsADirectoryError as on a local disk."""
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        """A file's bytes (at most `limit`), symlinks followed; FileNotFoundError or IsADirectoryError as on a disk."""
         full = self._path(path)
         api = _client().api
         for _ in range(10):
             try:
                 chunks, stat = api.get_archive(self.container_id, full)
-            except docker.errors.NotFound:
+            except docker.errors.NotFound as e:
+                self._raise_if_lost(e)
                 raise FileNotFoundError(f"no such file in the sandbox: {full}") from None
             except _ENGINE_ERRORS as e:
                 raise OSError(f"cannot read {full}: {_one_line(e)}") from e
@@ -265,7 +302,7 @@ class DockerSandbox:
                 member = next((m for m in tar.getmembers() if m.isfile()), None)
                 if member is None:
                     raise OSError(f"{full} is not a regular file")
-                return tar.extractfile(member).read()
+                return tar.extractfile(member).read(limit)
         raise OSError(f"too many levels of symbolic links: {path}")
 
     def write_file(self, path: str, data: bytes) -> None:
@@ -280,7 +317,8 @@ class DockerSandbox:
             try:
                 _put_archive(api, self.container_id, target, self._tar(missing, data))
                 return
-            except docker.errors.NotFound:
+            except docker.errors.NotFound as e:
+                self._raise_if_lost(e)
                 if target == "/":
                     raise OSError(f"cannot write {full}: the container has no root directory") from None
                 missing.insert(0, posixpath.basename(target))
@@ -302,44 +340,15 @@ class DockerSandbox:
             tar.addfile(info, io.BytesIO(data))
         return buf.getvalue()
 
+    def confine(self, path: str) -> str:
+        """Any path: searches run inside the container, which is the confinement."""
+        return path
+
     def cleanup(self) -> None:
         """Force-remove the container and its anonymous volumes; never raises, safe to call twice."""
         cid, self.container_id = self.container_id, None
         if cid:
             _remove(cid)
-
-
-class _Output:
-    """A command's output, keeping the head and the tail when it runs past MAX_KEPT_OUTPUT at each end."""
-
-    def __init__(self):
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.cut = 0
-
-    def add(self, data: bytes) -> None:
-        room = MAX_KEPT_OUTPUT - len(self.head)
-        if room > 0 and not self.tail:
-            self.head += data[:room]
-            data = data[room:]
-        self.tail += data
-        if len(self.tail) > 2 * MAX_KEPT_OUTPUT:
-            drop = len(self.tail) - MAX_KEPT_OUTPUT
-            del self.tail[:drop]
-            self.cut += drop
-
-    def take_first_line(self) -> str | None:
-        """Remove and return the leading PID line; None (and nothing removed) if the output does not start with one."""
-        end = self.head.find(b"\n")
-        line = bytes(self.head[:end]).strip() if end >= 0 else b""
-        if not line.isdigit():
-            return None
-        del self.head[: end + 1]
-        return line.decode("ascii")
-
-    def text(self) -> str:
-        mid = f"\n... [{self.cut} bytes cut] ...\n".encode() if self.cut else b""
-        return (bytes(self.head) + mid + bytes(self.tail)).decode("utf-8", "replace")
 
 
 def _pump(sock, out: _Output, deadline: float) -> bool:
@@ -411,10 +420,11 @@ def create(spec: SandboxSpec) -> DockerSandbox:
     return DockerSandbox(spec)
 
 
-def reap(run_name: str) -> int:
-    """Remove every container labelled with this run (left behind by a killed run); returns how many."""
+def reap(labels: dict[str, str]) -> int:
+    """Remove every container carrying all these labels (a dead session's, see base.RUN_DIR_LABEL); how many."""
+    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
     try:
-        found = _client().api.containers(all=True, quiet=True, filters={"label": f"{RUN_LABEL}={run_name}"})
+        found = _client().api.containers(all=True, quiet=True, filters=filters)
     except _ENGINE_ERRORS as e:
         raise SandboxError(f"cannot list containers: {_one_line(e)}") from e
     return sum(_remove(c["Id"]) for c in found)

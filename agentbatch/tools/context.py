@@ -6,10 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 from agentbatch import sandboxes
+from agentbatch.limits import SessionLimits
 from agentbatch.model.client import ModelClient, Reply
 from agentbatch.model.reasoning import split_reasoning
 from agentbatch.model.usage import Usage
 from agentbatch.sandboxes.base import Sandbox, SandboxError, SandboxSpec
+from agentbatch.sandboxes.starts import start_slot
 from agentbatch.tools.settings import ToolSettings
 
 
@@ -23,12 +25,18 @@ class ToolContext:
         client: ModelClient,
         usage: Usage | None = None,
         image_client: ModelClient | None = None,
+        limits: SessionLimits | None = None,
+        redact: Callable[[str], str] | None = None,
     ):
         self.settings = settings
+        # Applied to every tool result before the endpoint sees it (secrets_guard.Redactor).
+        self.redact = redact or (lambda text: text)
         self.spec = spec
         self.client = client
         self.image_client = image_client or client
-        self.usage = usage or Usage()
+        self.usage = usage if usage is not None else Usage()
+        # The session's deadline and token/cost limits; commands and model calls are cut at the deadline.
+        self.limits = limits or SessionLimits(usage=self.usage)
         self.resources: dict[str, Any] = {}
         # Why the sandbox could not be made: the environment's fault, not the model's, so the prompt fails
         # (and --resume retries it) instead of saving a trajectory of it.
@@ -39,16 +47,19 @@ class ToolContext:
     def sandbox(self) -> Sandbox:
         """The prompt's sandbox, created on first use."""
         if self._sandbox is None:
-            try:
-                self._sandbox = sandboxes.create(self.spec)
-            except SandboxError as e:
-                self.sandbox_error = self.sandbox_error or e
-                raise
+            with start_slot(self.spec.settings.starts, self.limits.time_left()) as started:
+                if not started:  # the prompt's time is up: the loop ends it as "time", not as a failure
+                    raise TimeoutError("the prompt's time limit came while its sandbox waited to start")
+                try:
+                    self._sandbox = sandboxes.create(self.spec)
+                except SandboxError as e:
+                    self.sandbox_error = self.sandbox_error or e
+                    raise
         return self._sandbox
 
     def ask(self, messages: list[dict], model: str) -> str:
         """A model's answer (reasoning left out) through the run's client; ModelCallError when it fails for good."""
-        reply = self.client.chat(messages, model=model)
+        reply = self.client.chat(messages, model=model, deadline=self.limits.deadline)
         self.usage.add(reply.get("usage"))
         _, text = split_reasoning(_first_message(reply))
         return text.strip()

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from agentbatch.sandboxes.base import SandboxLost
+from agentbatch.surrogates import scrub
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.settings import ToolSettings
 from toolset_distributions import ALL_TOOL_NAMES, TOOLSET_OF, TOOLSETS
@@ -77,7 +79,15 @@ class Tool:
         return TOOLSET_OF[self.name]
 
     def schema(self) -> dict:
-        """The OpenAI function-tool schema."""
+        """The OpenAI function-tool schema: one dict per tool, made once (the model client encodes it once too)."""
+        cached = _SCHEMAS.get(self.name)
+        if cached is not None and cached[0] is self:
+            return cached[1]
+        schema = self._schema()
+        _SCHEMAS[self.name] = (self, schema)
+        return schema
+
+    def _schema(self) -> dict:
         parameters: dict[str, Any] = {"type": "object", "properties": {p.name: p.schema() for p in self.params}}
         required = [p.name for p in self.params if p.required]
         if required:
@@ -105,6 +115,8 @@ class Tool:
 
 
 _REGISTRY: dict[str, Tool] = {}
+_SCHEMAS: dict[str, tuple[Tool, dict]] = {}
+_LOADED: dict[str, Tool] = {}
 
 
 def tool(
@@ -186,18 +198,32 @@ def _convert(p: Param, value: Any) -> Any:
 
 def load_tools() -> dict[str, Tool]:
     """Every tool, by name (the modules that declare them are imported once)."""
-    for module in TOOL_MODULES:
-        importlib.import_module(f"agentbatch.tools.{module}")
-    missing = set(ALL_TOOL_NAMES) - set(_REGISTRY)
-    if missing:
-        raise RuntimeError(f"tools declared in a toolset but by no module: {sorted(missing)}")
-    return {name: _REGISTRY[name] for name in ALL_TOOL_NAMES}
+    if not _LOADED:
+        for module in TOOL_MODULES:
+            importlib.import_module(f"agentbatch.tools.{module}")
+        missing = set(ALL_TOOL_NAMES) - set(_REGISTRY)
+        if missing:
+            raise RuntimeError(f"tools declared in a toolset but by no module: {sorted(missing)}")
+        _LOADED.update((name, _REGISTRY[name]) for name in ALL_TOOL_NAMES)
+    return dict(_LOADED)
 
 
 def offered_tools(toolsets: list[str], settings: ToolSettings) -> list[Tool]:
     """The tools of the sampled toolsets that can work with these settings."""
-    tools = load_tools()
-    return [tools[name] for ts in toolsets for name in TOOLSETS[ts] if tools[name].unavailable(settings) is None]
+    # Asked once per prompt: what a run's settings leave out is worked out once (a check may stat a file).
+    usable = _usable.get(id(settings))
+    if usable is None or usable[0] is not settings:
+        if len(_usable) > 64:
+            _usable.clear()
+        usable = _usable[id(settings)] = (
+            settings,
+            {n: t for n, t in load_tools().items() if t.unavailable(settings) is None},
+        )
+    tools = usable[1]
+    return [tools[name] for ts in toolsets for name in TOOLSETS[ts] if name in tools]
+
+
+_usable: dict[int, tuple[ToolSettings, dict[str, Tool]]] = {}
 
 
 def unavailable_tools(settings: ToolSettings) -> dict[str, str]:
@@ -211,7 +237,12 @@ def unavailable_tools(settings: ToolSettings) -> dict[str, str]:
 
 
 def call_tool(t: Tool, raw_arguments: str, ctx: ToolContext) -> tuple[str, bool]:
-    """Run a tool on the model's JSON arguments; returns (result JSON string, whether the call succeeded)."""
+    """Run a tool on the model's JSON arguments; returns (result JSON string, whether the call succeeded).
+
+    The result is what the endpoint is sent next: secrets are redacted from it (before any cut, so no
+    prefix of one survives) and lone surrogates replaced. A sandbox that vanished is no tool error: it
+    propagates and fails the prompt.
+    """
     try:
         args = json.loads(raw_arguments or "{}")
         if not isinstance(args, dict):
@@ -222,13 +253,15 @@ def call_tool(t: Tool, raw_arguments: str, ctx: ToolContext) -> tuple[str, bool]
         result = t.function(ctx, **t.arguments(args))
     except ArgumentError as e:
         result = {"error": f"invalid arguments: {e}"}
+    except SandboxLost:
+        raise
     except Exception as e:  # the model's call broke the tool: it sees why and may try again
         result = {"error": f"{type(e).__name__}: {e}"}
     ok = not (isinstance(result, dict) and result.get("error"))
     if isinstance(result, dict):  # cap inside the values so the result stays valid JSON
         limit = ctx.settings.max_output_chars
-        result = {k: cap_output(v, limit) if isinstance(v, str) else v for k, v in result.items()}
-    return json.dumps(result, ensure_ascii=False), ok
+        result = {k: cap_output(ctx.redact(v), limit) if isinstance(v, str) else v for k, v in result.items()}
+    return scrub(ctx.redact(json.dumps(result, ensure_ascii=False))), ok
 
 
 def _short(e: Exception) -> str:

@@ -21,6 +21,10 @@ def terminal(
     limit = ctx.settings.command_timeout
     # A zero, negative or absurd timeout from the model falls back to the limit rather than killing at once.
     chosen = min(timeout, limit) if timeout is not None and timeout >= 1 else limit
-    result = ctx.sandbox().exec(command, timeout=chosen)
-    error = f"command timed out after {chosen:g} s" if result.timed_out else None
+    sandbox = ctx.sandbox()
+    cut = ctx.limits.cap(chosen)  # the prompt's deadline cuts the command too
+    result = sandbox.exec(command, timeout=cut)
+    error = None
+    if result.timed_out:
+        error = f"command timed out after {chosen:g} s" if cut >= chosen else "the prompt's time limit cut the command"
     return {"output": result.output, "exit_code": result.exit_code, "error": error}

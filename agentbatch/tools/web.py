@@ -14,17 +14,19 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urljoin
-
-import httpx
-import lxml.html
-from lxml import etree
 
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import cap_output, tool
 from agentbatch.tools.settings import ToolSettings
 from agentbatch.tools.url_policy import Networks, resolve_url
+
+if TYPE_CHECKING:
+    import httpx
+
+# httpx and lxml are imported by the functions that use them: every run imports this module at start (to
+# know which tools can be offered), and the two took ~0.3 s of it.
 
 MAX_RESULTS = 20  # both Tavily and Brave refuse more per request
 MAX_REDIRECTS = 5
@@ -102,12 +104,20 @@ def web_search(
 
 
 def _send(method: str, url: str, timeout: float, **kwargs) -> dict:
-    """One JSON API call, retrying rate limits, server errors and dropped connections a couple of times."""
+    """One JSON API call, retrying rate limits, server errors and dropped connections a couple of times.
+
+    Each attempt ends within `timeout` however slowly the service answers (http_deadline).
+    """
+    import httpx
+
+    from agentbatch import http_deadline
+
     attempts = 3
     for attempt in range(attempts):
         last = attempt == attempts - 1
         try:
-            resp = httpx.request(method, url, timeout=timeout, **kwargs)
+            with http_deadline.client(timeout=timeout) as client, http_deadline.deadline(timeout):
+                resp = client.request(method, url, **kwargs)
         except httpx.HTTPError as e:
             if last:
                 raise WebError(f"{type(e).__name__}: {e}") from None
@@ -171,6 +181,8 @@ def web_extract(ctx: ToolContext, urls: Annotated[list[str], "http(s) URLs of th
 
 def extract_url(url: str, allowed: Networks, timeout: float, limit: int, max_bytes: int) -> dict:
     """Fetch one page and turn it into readable text; failures are reported in the entry, never raised."""
+    import httpx
+
     entry = {"url": url, "final_url": url, "title": "", "content": "", "error": None}
     try:
         final_url, content_type, body = fetch(url, allowed, timeout, max_bytes)
@@ -189,9 +201,16 @@ def extract_url(url: str, allowed: Networks, timeout: float, limit: int, max_byt
 def fetch(url: str, allowed: Networks, timeout: float, max_bytes: int) -> tuple[str, str, bytes]:
     """GET url following redirects by hand, so each hop is checked by url_policy before any connection to it.
 
-    Returns (final URL, content type, body).
+    Returns (final URL, content type, body). The whole fetch, every hop and the last byte included, ends
+    within `timeout` (http_deadline): a page trickling a byte a second cannot hold the tool.
     """
-    with httpx.Client(timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}) as client:
+
+    from agentbatch import http_deadline
+
+    with (
+        http_deadline.client(timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}) as client,
+        http_deadline.deadline(timeout),
+    ):
         for _ in range(MAX_REDIRECTS + 1):
             resp = _connect(client, url, resolve_url(url, allowed))
             with contextlib.closing(resp):
@@ -215,6 +234,8 @@ def fetch(url: str, allowed: Networks, timeout: float, max_bytes: int) -> tuple[
 
 def _connect(client: httpx.Client, url: str, addresses: list[str]) -> httpx.Response:
     """Send the GET to the first checked address that accepts a connection (a name may resolve to ::1 and 127.0.0.1)."""
+    import httpx
+
     for i, address in enumerate(addresses):
         try:
             return client.send(client.build_request("GET", **_pinned(url, address)), stream=True)
@@ -226,6 +247,8 @@ def _connect(client: httpx.Client, url: str, addresses: list[str]) -> httpx.Resp
 
 def _pinned(url: str, address: str) -> dict:
     """Request arguments that connect to the checked address, so a second DNS answer cannot differ."""
+    import httpx
+
     parsed = httpx.URL(url)
     extensions = {"sni_hostname": parsed.host} if parsed.scheme == "https" else {}
     return {
@@ -262,6 +285,9 @@ def page_text(body: bytes, content_type: str, url: str) -> tuple[str, str]:
 
 def _plain_text(document: str) -> tuple[str, str]:
     """Every visible text node, for pages trafilatura finds no main content in."""
+    import lxml.html
+    from lxml import etree
+
     try:
         tree = lxml.html.fromstring(document)
     except (ValueError, etree.ParserError):

@@ -1,0 +1,301 @@
+"""Pacing of one process's model calls to one endpoint: --concurrency is the ceiling, not the target.
+
+An endpoint is first probed: a few calls, then more as time passes (a window that widens by a call every few
+milliseconds, shared out among the worker processes), so a rate-limited endpoint answers the first excess with
+a 429 before a burst of hundreds is sent. Its first successful answer decides: without rate-limit headers the
+ceiling opens at once; with them (OpenAI's x-ratelimit-*), or after any 429 or overload answer (503, 529),
+calls are paced at a rate.
+
+Paced, a call starts when it takes a permit, and permits are issued at the rate (one thread wakes per
+permit). The rate follows AIMD: an answer 429 or overloaded cuts it by BACKOFF (once per round of calls:
+a burst of 429s to calls sent together counts once) and stops the permits for the answer's Retry-After;
+successes raise it again. Rate-limit headers give the endpoint's rate (requests left and the time to
+replenish them): a process starts at its share of it (1 / the number of worker processes), never paces
+above all of it, and steers by the requests left, which every process sees alike, so that together they
+keep the endpoint's allowance from running dry instead of finding its edge by 429s. Without headers the
+rate grows slowly for a few seconds after a 429, then faster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+# Calls in flight over all processes before the endpoint has answered anything, and that many more per second
+# of waiting for that answer; each process takes its share.
+PROBE_WINDOW = 8
+PROBE_GROWTH = 100.0
+BACKOFF = 0.8  # the rate after a 429, as a share of the rate before
+# With headers: the rate changes by GAIN × (share of requests left - TARGET_LEFT) per second (GAIN_DOWN below
+# the target), so the processes, all seeing the same count, together keep the endpoint's allowance from
+# running dry: it drains quickly, so they slow down faster than they speed up.
+GAIN = 1.0
+GAIN_DOWN = 3.0
+TARGET_LEFT = 0.2
+# Without headers: per second, within RECENT seconds of the last 429, and after.
+GROWTH = 0.1
+FAST_GROWTH = 0.5
+RECENT = 3.0
+MIN_RATE = 0.5  # calls per second
+MAX_RATE = 10_000.0
+MAX_PAUSE = 60.0  # the longest Retry-After honoured as a pause of every call (the call itself waits it too)
+MEASURE_SECONDS = 2.0
+OVERLOADED = (429, 503, 529)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What x-ratelimit-* headers say: the endpoint's requests per second, its limit, and requests left."""
+
+    rate: float
+    limit: float
+    remaining: float
+
+
+class Pacer:
+    """When each model call of this process may start; shared by the worker's threads."""
+
+    def __init__(self, share: float = 1.0, enabled: bool = True, shared: str | None = None):
+        self.share = share
+        self.enabled = enabled
+        self.shared = shared  # a file the workers leave the endpoint's rate in, so a later one need not probe
+        self.mode = "probe"  # probe, open (no limit seen) or paced
+        self.rate: float | None = None
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # the calls waiting for their turn
+        self._issuer_cond = threading.Condition(lock)  # the permit issuer, waiting for a permit to be taken
+        self._in_flight = 0
+        self._probe_start: float | None = None
+        self._permits = 0
+        self._paused_until = 0.0
+        self._last_cut = float("-inf")
+        self._last_update = time.monotonic()
+        self._paced_since = 0.0
+        # End times of the latest accepted calls, for the accepted rate (bounded: enough for 2,000 calls a second).
+        self._successes: deque[float] = deque(maxlen=4096)
+        self._issuer: threading.Thread | None = None
+
+    def acquire(self, deadline: float | None = None) -> float | None:
+        """Wait for this call's turn; its start time (the ticket for release), or None if the deadline comes first."""
+        if not self.enabled:
+            return time.monotonic()
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return None
+                wait = self._try_start(now)
+                if wait is None:
+                    self._in_flight += 1
+                    return now
+                if deadline is not None:
+                    wait = min(wait, deadline - now)
+                self._cond.wait(max(wait, 0.001))
+
+    def release(self, ticket: float, status: int, headers: Mapping[str, str] | None) -> None:
+        """The call that started at `ticket` ended with this HTTP status (0: no answer) and these headers."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        with self._cond:
+            self._in_flight -= 1
+            if self.mode == "open" and status not in OVERLOADED:
+                if 200 <= status < 300:
+                    self._successes.append(now)
+                return  # no limit seen: nothing to adapt (and no headers to read)
+            limits = _limits(headers)
+            if status in OVERLOADED:
+                self._back_off(now, ticket, headers, limits)
+            elif 200 <= status < 300:
+                self._successes.append(now)
+                if self.mode == "probe" and limits:
+                    self._pace(now, limits)
+                elif self.mode == "probe":
+                    self.mode = "open"
+                elif self.mode == "paced":
+                    self._grow(now, limits)
+            if self.mode != "paced":
+                self._cond.notify_all()
+
+    def _try_start(self, now: float) -> float | None:
+        """None if a call may start now (and takes its permit), else how long to wait before asking again."""
+        if now < self._paused_until:
+            return self._paused_until - now
+        if self.mode == "open":
+            return None
+        if self.mode == "probe":
+            if self._probe_start is None:
+                self._probe_start = now
+                known = _read_shared(self.shared)
+                if known:  # another worker already found the endpoint's rate: start paced at our share of it
+                    self._pace(now, Limits(known, 0.0, 0.0))
+                    return 0.0
+            window = max(1.0, (PROBE_WINDOW + PROBE_GROWTH * (now - self._probe_start)) * self.share)
+            return None if self._in_flight < window else 0.01
+        if self._permits > 0:
+            self._permits -= 1
+            self._issuer_cond.notify()
+            return None
+        return 1.0  # the issuer wakes one waiter per permit
+
+    def _issue(self) -> None:
+        """The permit issuer of the paced mode: a permit every 1/rate seconds, at most one waiting to be taken."""
+        next_at = time.monotonic()
+        with self._issuer_cond:
+            while True:
+                now = time.monotonic()
+                due = max(next_at, self._paused_until)
+                if now < due:
+                    self._issuer_cond.wait(due - now)
+                elif self._permits:  # not taken yet (no call is waiting): none piles up for a burst later
+                    self._issuer_cond.wait(1.0)
+                else:
+                    self._permits = 1
+                    self._cond.notify()
+                    next_at = now + 1.0 / self.rate
+
+    def _pace(self, now: float, limits: Limits | None) -> None:
+        self.mode = "paced"
+        self._paced_since = now
+        if limits:
+            guess = limits.rate * self.share
+        else:  # what the endpoint accepted lately, or half of what is in flight if nothing has come back yet
+            guess = self._accepted_rate(now) or self._in_flight / 2
+        self.rate = min(MAX_RATE, max(MIN_RATE, guess))
+        self._last_update = now
+        _write_shared(self.shared, limits.rate if limits else self.rate / self.share)
+        if self._issuer is None:
+            self._issuer = threading.Thread(target=self._issue, name="model-call-pacer", daemon=True)
+            self._issuer.start()
+
+    def _back_off(self, now: float, ticket: float, headers, limits: Limits | None) -> None:
+        pause = retry_after(headers)
+        if pause:
+            self._paused_until = max(self._paused_until, now + min(pause, MAX_PAUSE))
+        if self.mode != "paced":
+            self._pace(now, limits)
+        elif ticket > self._last_cut:  # calls sent before the last cut went at the old pace: they count once
+            rate = self.rate
+            if limits is None and now - self._paced_since >= MEASURE_SECONDS:
+                # Without headers, what the endpoint accepted lately is the best guess of what it allows.
+                rate = min(rate, max(MIN_RATE, self._accepted_rate(now)))
+            # With headers the endpoint's rate is known: cuts stop at half this process's share of it.
+            floor = limits.rate * self.share / 2 if limits else MIN_RATE
+            self.rate = max(MIN_RATE, floor, rate * BACKOFF)
+        else:
+            return
+        self._last_cut = now
+        self._last_update = now
+        self._permits = 0
+
+    def _grow(self, now: float, limits: Limits | None) -> None:
+        dt = now - self._last_update
+        if limits:
+            offset = limits.remaining / limits.limit - TARGET_LEFT
+            change = (GAIN if offset > 0 else GAIN_DOWN) * offset * dt
+        else:
+            change = (FAST_GROWTH if now - self._last_cut >= RECENT else GROWTH) * dt
+        self.rate = min(MAX_RATE, max(MIN_RATE, self.rate * max(0.5, 1 + change)))
+        if limits:  # never above the whole endpoint's rate
+            self.rate = min(self.rate, max(MIN_RATE, limits.rate))
+        self._last_update = now
+
+    def _accepted_rate(self, now: float) -> float:
+        while self._successes and self._successes[0] < now - MEASURE_SECONDS:
+            self._successes.popleft()
+        return len(self._successes) / MEASURE_SECONDS
+
+
+def shared_limits_path(directory: str | None, base_url: str) -> str | None:
+    """The file in `directory` where the workers leave what they learn of this endpoint's rate."""
+    if not directory:
+        return None
+    return os.path.join(directory, hashlib.blake2b(base_url.encode(), digest_size=8).hexdigest() + ".json")
+
+
+def _read_shared(path: str | None) -> float | None:
+    try:
+        with open(path or "", encoding="utf-8") as f:
+            rate = json.load(f).get("rate")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+
+
+def _write_shared(path: str | None, rate: float) -> None:
+    """Leave the endpoint's rate for the other workers (written whole, then renamed: never read half-written)."""
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"rate": rate}, f)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _limits(headers: Mapping[str, str] | None) -> Limits | None:
+    """The endpoint's limits from x-ratelimit-* headers, or None.
+
+    A token bucket that allows `limit` requests and has `remaining` left refills in `reset`, so it
+    replenishes (limit - remaining) / reset requests a second (OpenAI: 5000 a minute, 4999 left, reset 12ms).
+    """
+    if not headers:
+        return None
+    try:
+        limit = float(headers.get("x-ratelimit-limit-requests") or "nan")
+        remaining = float(headers.get("x-ratelimit-remaining-requests") or "nan")
+    except ValueError:
+        return None
+    reset = _seconds(headers.get("x-ratelimit-reset-requests"))
+    if not (limit > 0 and 0 <= remaining < limit) or not reset:
+        return None
+    return Limits((limit - remaining) / reset, limit, remaining)
+
+
+def _seconds(value: str | None) -> float | None:
+    """A reset time as OpenAI writes it ("12ms", "1.5s", "6m0s") or as plain seconds."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        return None
+    return sum(float(n) * _UNIT[u] for n, u in parts)
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds the server asked us to wait: retry-after-ms, or Retry-After as seconds or an HTTP date."""
+    if not headers:
+        return None
+    try:
+        if headers.get("retry-after-ms") is not None:
+            return max(float(headers["retry-after-ms"]) / 1000, 0.0)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max((when - datetime.now(when.tzinfo or UTC)).total_seconds(), 0.0)
+    except (TypeError, ValueError, OverflowError):
+        return None

@@ -1,0 +1,358 @@
+"""The model calls' HTTP: one keep-alive HTTP/1.1 connection per thread, a JSON POST in one send, the reply read back.
+
+Why not httpx: its request and response handling (URL and header models, h11's state machine, the pool's
+bookkeeping) cost ~1.2 ms of CPU per call on a 2-core machine, against ~0.1 ms here, and importing it took
+~0.3 s of every start (bench/RESULTS.md). What httpx did that a model endpoint needs is kept: TLS verified
+against certifi's bundle (or SSL_CERT_FILE / SSL_CERT_DIR), gzip and deflate replies, chunked replies,
+per-operation timeouts, and a stale keep-alive connection replaced before it is used. Added: an overall
+deadline (a server trickling a byte a second cannot hold a call past it) and a cap on a reply's size,
+compressed or not, checked as it arrives. An endpoint the
+environment routes through a proxy (HTTPS_PROXY, ALL_PROXY, NO_PROXY...) keeps going through httpx, which
+handles every proxy kind.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import socket
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    import ssl
+
+_MAX_LINE = 65536
+_MAX_HEADERS = 200
+
+
+class TransportError(Exception):
+    """The connection failed, dropped, or the server broke the protocol; the message is the one-line reason."""
+
+
+class TransportTimeout(TransportError):
+    """A connect, send or read took longer than the timeout, or the call outlived its deadline."""
+
+
+class BadReply(TransportError):
+    """The reply arrived but cannot be used: over the size cap, or a body its Content-Encoding cannot decode."""
+
+
+@dataclass
+class Response:
+    """A reply: status, headers (lower-case names) and the decoded body."""
+
+    status_code: int
+    headers: dict[str, str] = field(default_factory=dict)
+    content: bytes = b""
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a base URL's requests go: scheme, host, port, and the path prefix of every request."""
+
+    scheme: str
+    host: str
+    port: int
+    prefix: str
+
+    @classmethod
+    def of(cls, url: str) -> Origin:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+def proxied(url: str) -> bool:
+    """Whether the environment sends requests to this URL through a proxy (as httpx's trust_env would)."""
+    if not any(name.lower().endswith("_proxy") for name in os.environ):
+        return False  # the usual case, without importing urllib.request (~15 ms of every start)
+    from urllib.request import getproxies_environment, proxy_bypass_environment
+
+    proxies = getproxies_environment()
+    scheme = urlsplit(url).scheme
+    if not (proxies.get(scheme) or proxies.get("all")):
+        return False
+    return not proxy_bypass_environment(urlsplit(url).hostname or "", proxies)
+
+
+def ssl_context() -> ssl.SSLContext:
+    """Certificate checks as httpx makes them: SSL_CERT_FILE, else SSL_CERT_DIR, else certifi's bundle."""
+    import ssl  # here: only https endpoints need it, and importing it is ~10 ms of every start
+
+    if os.environ.get("SSL_CERT_FILE"):
+        ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    elif os.environ.get("SSL_CERT_DIR"):
+        ctx = ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+    else:
+        import certifi
+
+        ctx = ssl.create_default_context(cafile=certifi.where())
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+class Connection:
+    """One keep-alive connection to an origin, used by one thread at a time; reconnects when it must."""
+
+    def __init__(self, origin: Origin, headers: dict[str, str], timeout: float, tls: ssl.SSLContext | None = None):
+        self.origin = origin
+        self.timeout = timeout
+        self._tls = tls
+        lines = [f"Host: {origin.host_header}", "Accept-Encoding: gzip, deflate", "Connection: keep-alive"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        self._headers = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+        self._sock: socket.socket | None = None
+        self._reader = None
+        self._raw: _DeadlineReader | None = None
+
+    def post(self, path: str, body: bytes, deadline: float | None = None, max_bytes: int | None = None) -> Response:
+        """POST body (JSON) to origin prefix + path; TransportError or TransportTimeout when it cannot.
+
+        `deadline` (time.monotonic()) ends the whole call, connecting to the last byte; a reply body over
+        `max_bytes`, before or after decompression, is BadReply.
+        """
+        target = (self.origin.prefix + path).encode("latin-1")
+        head = b"POST %s HTTP/1.1\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (
+            target,
+            self._headers,
+            len(body),
+        )
+        try:
+            if self._sock is None or self._stale():
+                self._connect(deadline)
+            self._raw.deadline = deadline
+            self._sock.settimeout(self._timeout_left(deadline))
+            # Head and body in one send: two would cost a second trip through the loopback stack, and with
+            # Nagle's algorithm at the server a delayed ACK.
+            self._sock.sendall(head + body)
+            response, keep = self._read_response(max_bytes)
+        except TimeoutError as e:
+            self.close()
+            raise TransportTimeout("request timed out") from e
+        except BadReply:
+            self.close()
+            raise
+        except (OSError, ValueError) as e:
+            self.close()
+            raise TransportError("connection failed or dropped") from e
+        if not keep:
+            self.close()
+        return response
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._reader.close()
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = self._reader = self._raw = None
+
+    def _timeout_left(self, deadline: float | None) -> float:
+        if deadline is None:
+            return self.timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        return min(self.timeout, left)
+
+    def _connect(self, deadline: float | None) -> None:
+        self.close()
+        address = (self.origin.host, self.origin.port)
+        sock = socket.create_connection(address, timeout=self._timeout_left(deadline))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.origin.scheme == "https":
+                if self._tls is None:
+                    self._tls = ssl_context()
+                sock = self._tls.wrap_socket(sock, server_hostname=self.origin.host)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._raw = _DeadlineReader(sock, self)
+        self._reader = io.BufferedReader(self._raw, 65536)
+
+    def _stale(self) -> bool:
+        """An idle keep-alive connection with something to read was closed (or broken) by the server."""
+        if self.origin.scheme == "https" and self._sock.pending():
+            return True
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return bool(poller.poll(0))
+
+    def _read_response(self, max_bytes: int | None) -> tuple[Response, bool]:
+        reader = self._reader
+        while True:
+            version, status = _status_line(reader.readline(_MAX_LINE + 1))
+            headers = _headers(reader)
+            if status >= 200 or status == 101:
+                break  # 1xx replies (100 Continue) come before the real one
+        te = headers.get("transfer-encoding", "").lower()
+        conn = headers.get("connection", "").lower()
+        keep = "close" not in conn and (version == "HTTP/1.1" or "keep-alive" in conn)
+        cap = max_bytes if max_bytes is not None else -1
+        if "chunked" in te:
+            body = _chunked(reader, cap)
+        elif "content-length" in headers:
+            length = int(headers["content-length"])
+            if length < 0:
+                raise ValueError("negative Content-Length")
+            if 0 <= cap < length:
+                raise BadReply(f"{length} bytes, over the {cap}-byte reply limit")
+            body = reader.read(length)
+            if len(body) < length:
+                raise ConnectionError("reply cut short")
+        else:  # no length: the body runs until the server closes the connection
+            body, keep = (reader.read() if cap < 0 else reader.read(cap + 1)), False
+            _check_size(body, cap)
+        encoding = headers.get("content-encoding", "").lower()
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            body = _decompress(body, encoding, cap)
+        return Response(status, headers, body), keep
+
+
+def _status_line(line: bytes) -> tuple[str, int]:
+    if not line:
+        raise ConnectionError("server closed the connection without a reply")
+    if len(line) > _MAX_LINE:
+        raise ValueError("status line too long")
+    parts = line.decode("latin-1").split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP reply: {line[:80]!r}")
+    return parts[0], int(parts[1])
+
+
+def _headers(reader) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for _ in range(_MAX_HEADERS):
+        line = reader.readline(_MAX_LINE + 1)
+        if line in (b"\r\n", b"\n"):
+            return headers
+        if not line:
+            raise ConnectionError("connection closed in the reply's headers")
+        if len(line) > _MAX_LINE:
+            raise ValueError("header line too long")
+        name, sep, value = line.decode("latin-1").partition(":")
+        if not sep:
+            raise ValueError(f"bad header line: {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    raise ValueError("too many headers")
+
+
+def _check_size(body: bytes, cap: int) -> None:
+    if 0 <= cap < len(body):
+        raise BadReply(f"over the {cap}-byte reply limit")
+
+
+def _decompress(body: bytes, encoding: str, cap: int) -> bytes:
+    """A gzip or deflate body, decoded to at most `cap` bytes (a small bomb must not take the memory)."""
+    # gzip; else zlib-wrapped deflate, then raw deflate, which some servers send as "deflate"
+    error: Exception | None = None
+    for wbits in (16 + zlib.MAX_WBITS,) if encoding != "deflate" else (zlib.MAX_WBITS, -zlib.MAX_WBITS):
+        try:
+            out = zlib.decompressobj(wbits).decompress(body, cap + 1 if cap >= 0 else 0)
+        except zlib.error as e:
+            error = e
+            continue
+        _check_size(out, cap)
+        return out
+    raise BadReply(f"the {encoding} body cannot be decoded: {error}")
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's bytes, each read waiting at most until the connection's current deadline."""
+
+    def __init__(self, sock: socket.socket, conn: Connection):
+        self._sock = sock
+        self._conn = conn
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        self._sock.settimeout(self._conn._timeout_left(self.deadline))
+        return self._sock.recv_into(buffer)
+
+
+def _chunked(reader, cap: int = -1) -> bytes:
+    parts = []
+    total = 0
+    while True:
+        line = reader.readline(_MAX_LINE + 1)
+        if not line:
+            raise ConnectionError("connection closed in a chunked reply")
+        size = int(line.split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            while reader.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return b"".join(parts)
+        total += size
+        if 0 <= cap < total:
+            raise BadReply(f"over the {cap}-byte reply limit")
+        chunk = reader.read(size)
+        if len(chunk) < size:
+            raise ConnectionError("reply cut short")
+        parts.append(chunk)
+        reader.readline(_MAX_LINE + 1)
+
+
+class ProxiedConnection:
+    """The same calls through httpx, for an endpoint the environment routes through a proxy."""
+
+    def __init__(self, origin: Origin, headers: dict[str, str], timeout: float):
+        import httpx
+
+        from agentbatch import http_deadline
+
+        self._httpx = httpx
+        self._deadline = http_deadline.deadline
+        self._base = f"{origin.scheme}://{origin.host_header}{origin.prefix}"
+        self._timeout = timeout
+        self._client = http_deadline.client(timeout=timeout, headers={**headers, "Content-Type": "application/json"})
+
+    def post(self, path: str, body: bytes, deadline: float | None = None, max_bytes: int | None = None) -> Response:
+        httpx = self._httpx
+        left = self._timeout if deadline is None else deadline - time.monotonic()
+        cap = max_bytes if max_bytes is not None else -1
+        try:
+            with self._deadline(left), self._client.stream("POST", self._base + path, content=body) as r:
+                declared = r.headers.get("content-length", "")
+                if declared.isdigit() and 0 <= cap < int(declared):
+                    raise BadReply(f"{int(declared)} bytes, over the {cap}-byte reply limit")
+                content = bytearray()
+                for chunk in r.iter_bytes():
+                    content += chunk
+                    _check_size(content, cap)
+        except httpx.TimeoutException as e:
+            raise TransportTimeout("request timed out") from e
+        except httpx.DecodingError as e:
+            raise BadReply(f"the body cannot be decoded: {str(e)[:200]}") from e
+        except httpx.TransportError as e:
+            raise TransportError("connection failed or dropped") from e
+        return Response(r.status_code, {k.lower(): v for k, v in r.headers.items()}, bytes(content))
+
+    def close(self) -> None:
+        self._client.close()

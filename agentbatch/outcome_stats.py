@@ -1,0 +1,142 @@
+"""Statistics of verified outcomes (statistics.json "outcomes"): pass rate, mean reward, pass@k, tokens per pass.
+
+Computed over every sample with a check, kept or discarded (a --require_pass run discards its failures,
+and they count). Samples are grouped into prompts by (prompt_index, prompt text) for pass@k, overall and
+per toolset (all samples of a prompt are offered the same toolsets).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from trajectory import first_human
+
+NO_RESULT = ("timeout", "error")  # check statuses of a check that could not give a result
+
+
+@dataclass(slots=True)
+class _Group:
+    """One checked prompt: its toolsets, and counts over its samples (small: one per prompt of a big run)."""
+
+    toolsets: tuple[str, ...]
+    n: int = 0  # samples with a result
+    c: int = 0  # of which passed
+    reward_sum: float = 0.0
+    rewards: int = 0
+    tokens: int = 0
+    timeout: int = 0
+    error: int = 0
+
+
+class OutcomeStats:
+    """Accumulates trajectory and discard lines, then reports outcome statistics."""
+
+    def __init__(self):
+        self._groups: dict[int, _Group] = {}
+        self._unchecked: dict[tuple[str, ...], int] = defaultdict(int)  # samples without a check, by toolsets
+
+    def add(self, record: dict) -> None:
+        toolsets = tuple(record.get("toolsets_used") or ())
+        check = record.get("check") if isinstance(record.get("check"), dict) else {}
+        status = check.get("status")
+        if status not in ("passed", "failed", *NO_RESULT):  # no check, or a line from before checks
+            self._unchecked[toolsets] += 1
+            return
+        prompt = first_human(record)
+        # One int per prompt, not its text: (index, text) hashed (one process, so one hash seed).
+        key = hash((record.get("prompt_index"), prompt))
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group(toolsets)
+        if status in NO_RESULT:
+            setattr(group, status, getattr(group, status) + 1)
+            return
+        passed = record.get("passed") is True
+        group.n += 1
+        group.c += passed
+        reward = record.get("reward")
+        if isinstance(reward, int | float) and not isinstance(reward, bool):
+            group.reward_sum += reward
+            group.rewards += 1
+        group.tokens += int((record.get("usage") or {}).get("total_tokens") or 0)
+
+    def to_dict(self, samples_per_prompt: int) -> dict:
+        """The "outcomes" section: the figures over every sample, and the same per toolset of checked prompts."""
+        groups = list(self._groups.values())
+        toolsets = sorted({t for g in groups for t in g.toolsets})
+        unchecked = {t: sum(n for ts, n in self._unchecked.items() if t in ts) for t in toolsets}
+        return {
+            "samples_per_prompt": samples_per_prompt,
+            **_figures(groups, sum(self._unchecked.values())),
+            "by_toolset": {t: _figures([g for g in groups if t in g.toolsets], unchecked[t]) for t in toolsets},
+        }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator of pass@k from n samples of which c passed: 1 - C(n-c, k) / C(n, k).
+
+    Written as a product, which stays exact in floating point where the binomials would overflow.
+    """
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _figures(groups: list[_Group], unchecked: int) -> dict:
+    checked = [g for g in groups if g.n]
+    n = sum(g.n for g in checked)
+    passes = sum(g.c for g in checked)
+    rewards = sum(g.rewards for g in checked)
+    ks = range(1, max((g.n for g in checked), default=0) + 1)
+    at_k = {k: [pass_at_k(g.n, g.c, k) for g in checked if g.n >= k] for k in ks}
+    return {
+        "checked": n,
+        "passed": passes,
+        "failed": n - passes,
+        "timeout": sum(g.timeout for g in groups),
+        "error": sum(g.error for g in groups),
+        "unchecked": unchecked,
+        "pass_rate": round(passes / n, 4) if n else None,
+        "mean_reward": round(sum(g.reward_sum for g in checked) / rewards, 4) if rewards else None,
+        "prompts_checked": len(checked),
+        "pass_at_k": {str(k): round(sum(v) / len(v), 4) for k, v in at_k.items()},
+        "pass_at_k_prompts": {str(k): len(v) for k, v in at_k.items()},
+        "tokens_per_pass": round(sum(g.tokens for g in checked) / passes, 1) if passes else None,
+    }
+
+
+def shown_ks(pass_at: dict[str, float]) -> list[str]:
+    """The k of the printed summary: 1, powers of two, and the largest."""
+    ks = sorted(int(k) for k in pass_at)
+    return [str(k) for k in ks if k & (k - 1) == 0 or k == ks[-1]]
+
+
+def format_outcomes(outcomes: dict | None) -> list[str]:
+    """Summary lines about checks; none when no sample had a check."""
+    if not outcomes or not (outcomes["checked"] or outcomes["timeout"] or outcomes["error"]):
+        return []
+    o = outcomes
+    rate = f"{o['pass_rate']:.1%}" if o["pass_rate"] is not None else "n/a"
+    reward = f"{o['mean_reward']:.3f}" if o["mean_reward"] is not None else "n/a"
+    lines = [
+        f"  checks: {o['passed']} passed, {o['failed']} failed, {o['timeout']} timed out, {o['error']} could not run, "
+        f"{o['unchecked']} without a check; pass rate {rate}, mean reward {reward}"
+    ]
+    ks = shown_ks(o["pass_at_k"])
+    if ks:
+        at_k = "  ".join(f"pass@{k} {o['pass_at_k'][k]:.3f}" for k in ks)
+        per_pass = f"{o['tokens_per_pass']:.0f}" if o["tokens_per_pass"] is not None else "n/a"
+        lines.append(f"  {at_k}  over {o['prompts_checked']} prompts; tokens per passing sample {per_pass}")
+    rows = {t: f for t, f in o["by_toolset"].items() if f["checked"]}
+    if rows and ks:
+        head = "".join(f"{'pass@' + k:>9}" for k in ks)
+        lines.append(f"  {'toolset':<12}{'checked':>8}{'passed':>8}{'rate':>8}{'reward':>8}{head}")
+        for t, f in rows.items():
+            cells = "".join(f"{f['pass_at_k'][k]:>9.3f}" if k in f["pass_at_k"] else f"{'-':>9}" for k in ks)
+            mean = f"{f['mean_reward']:>8.3f}" if f["mean_reward"] is not None else f"{'-':>8}"
+            lines.append(f"  {t:<12}{f['checked']:>8}{f['passed']:>8}{f['pass_rate']:>8.0%}{mean}{cells}")
+    return lines

@@ -1,0 +1,320 @@
+"""The bwrap backend: every command in its own bubblewrap sandbox over the prompt's temporary directory.
+
+What a command sees: the host's system directories read-only (/usr, /etc, the /bin and /lib links...),
+its own /proc (only its own processes), a private /dev, its working directory (the row's `cwd` as a path
+inside the sandbox, else /workspace) and /tmp, both backed by the prompt's temporary directory so files
+stay from one command to the next, nothing else of the host. It runs in new user, PID, IPC and UTS
+namespaces (and network, with `network=False`), without capabilities, as `nobody` when the runner is root
+(else as the runner's own uid), with no_new_privs, under rlimits (processes, data size, file size, CPU
+time) and an OOM score that makes the kernel kill it before the runner.
+
+Containment by construction: the command's shell runs below a PID 1 that bwrap starts with
+--die-with-parent. When the shell exits, when the deadline kills bwrap, or when the worker dies, PID 1
+dies and the kernel kills everything left in the namespace: setsid, double forks and processes that
+changed their environment included. Nothing is looked for; nothing survives its command.
+
+The file tools act in the same view: a path that maps, without symbolic links or `..`, onto the prompt's
+directories (or, for reads, onto a system directory the sandbox's user may read) is read or written
+directly, below that directory (confined.py); any other path is read or written by a small script run
+inside a sandbox like the terminal's, so it reaches exactly what the terminal would.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import pwd
+import re
+import shutil
+import subprocess
+import threading
+from functools import cache
+
+from agentbatch.sandboxes import confined, local, sandbox_dirs
+from agentbatch.sandboxes.base import SAFE_ENV, ExecResult, SandboxError, SandboxSettings, SandboxSpec
+from agentbatch.sandboxes.output import stream
+
+DEFAULT_WORKDIR = "/workspace"
+MAX_FILE_BYTES = 64 * 1024 * 1024
+FILE_OP_TIMEOUT = 60.0
+SHM_BYTES = 64 * 1024 * 1024
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+# What the sandbox has of its own; a cwd may not lie inside them.
+PRIVATE_DIRS = ("/proc", "/dev", "/sys", "/run")
+STARTED = b"br-sandbox-started\n"
+# The shell that starts every command: says the sandbox is up, volunteers to the OOM killer, runs it.
+START = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec /bin/bash -c "$1"'
+# The file tools' operations inside the sandbox, for paths the direct route cannot take.
+FILE_OP = r"""printf "br-sandbox-started\n"
+p=$2
+if [ -d "$p" ]; then echo "$p is a directory" >&2; exit 4; fi
+case $1 in
+read)
+  if [ ! -e "$p" ]; then echo "no such file: $p" >&2; exit 3; fi
+  if [ ! -f "$p" ]; then echo "$p is not a regular file (a FIFO, device or socket); the file tools read only files" >&2; exit 5; fi
+  if [ ! -r "$p" ]; then echo "$p: permission denied" >&2; exit 6; fi
+  exec head -c "$3" -- "$p";;
+write)
+  if [ -e "$p" ] && [ ! -f "$p" ]; then echo "$p is not a regular file; the file tools write only files" >&2; exit 5; fi
+  if [ -f "$p" ]; then
+    n=$(stat -L -c %h -- "$p")
+    if [ "$n" -gt 1 ]; then
+      echo "$p has $n hard links: writing it would change the other files too; remove it first or write another path" >&2
+      exit 8
+    fi
+  fi
+  mkdir -p -- "$(dirname -- "$p")" || exit 1
+  exec cat > "$p";;
+esac
+"""
+_ERRORS = {3: FileNotFoundError, 4: IsADirectoryError, 5: OSError, 6: PermissionError, 8: PermissionError}
+
+
+@cache
+def _tools() -> dict[str, str | None]:
+    return {name: shutil.which(name) for name in ("bwrap", "setpriv", "prlimit")}
+
+
+@cache
+def _layout() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The bwrap arguments for the host's system directories, and their (path in sandbox, host path) mounts."""
+    args: list[str] = []
+    mounts: list[tuple[str, str]] = []
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+            mounts.append((d, d))
+    # A resolv.conf linked into /run (systemd-resolved) would dangle: bind the directory it lives in.
+    real = os.path.realpath("/etc/resolv.conf")
+    if os.path.exists(real) and not any(real.startswith(d + "/") for d, _ in mounts):
+        where = os.path.dirname(real)
+        args += ["--ro-bind", where, where]
+        mounts.append((where, where))
+    return tuple(args), tuple(mounts)
+
+
+def sandbox_user() -> tuple[int, int] | None:
+    """The uid and gid commands run as when the runner is root (nobody); None: the runner's own."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pw = pwd.getpwnam("nobody")
+        return pw.pw_uid, pw.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+class BwrapSandbox:
+    """One prompt's bwrap sandboxes: a directory on the host, and one sandbox per command over it."""
+
+    def __init__(self, spec: SandboxSpec):
+        self.settings = spec.settings
+        self.workdir = posixpath.normpath(spec.cwd) if spec.cwd else DEFAULT_WORKDIR
+        self._user = sandbox_user()
+        # The base stays the runner's (others may only pass through it); work/ and tmp/ are the sandbox user's.
+        self._base = sandbox_dirs.make(0o711, reachable=self._user is not None)
+        self._work = os.path.join(self._base, "work")
+        self._tmp = os.path.join(self._base, "tmp")
+        for d in (self._work, self._tmp):
+            os.mkdir(d, 0o755)
+            if self._user:
+                os.chown(d, *self._user)
+        self._env = dict(SAFE_ENV, HOME="/tmp", TMPDIR="/tmp", PWD=self.workdir)
+        system_args, system_mounts = _layout()
+        writable = [(self.workdir, self._work)]
+        if self.workdir != "/tmp":
+            writable.append(("/tmp", self._tmp))
+        # (path in the sandbox, host directory or None for what only the sandbox can show, writable)
+        mounts = [(p, h, True) for p, h in writable] + [(p, h, False) for p, h in system_mounts]
+        mounts += [(p, None, False) for p in PRIVATE_DIRS]
+        mounts += [(d, None, False) for d in SYSTEM_DIRS if os.path.islink(d)]
+        self._mounts = sorted(mounts, key=lambda m: len(m[0]), reverse=True)
+        self._outer, opts, self._inner = self._bwrap_args(system_args)
+        self._options = b"".join(o.encode() + b"\0" for o in opts)
+
+    def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+        """The command line before bwrap's options, the options (given on a pipe), and what follows them."""
+        tools, s = _tools(), self.settings
+        outer: list[str] = []
+        if self._user:
+            uid, gid = self._user
+            outer += [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+        outer.append(tools["bwrap"])
+        opts = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        opts += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
+        if not s.network:
+            opts.append("--unshare-net")
+        if self.workdir == "/":
+            opts += ["--bind", self._work, "/"]
+        opts += [*system_args, "--proc", "/proc", "--dev", "/dev"]
+        opts += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
+        if self.workdir == "/tmp":
+            opts += ["--bind", self._work, "/tmp"]
+        else:
+            opts += ["--bind", self._tmp, "/tmp"]
+            if self.workdir != "/":
+                opts += ["--bind", self._work, self.workdir]
+        if self.workdir != "/":
+            opts += ["--remount-ro", "/"]
+        opts += ["--chdir", self.workdir]
+        # The limits apply inside the new user namespace, so the process count is this sandbox's alone.
+        inner = ["--", tools["prlimit"], f"--nproc={s.processes}", f"--data={s.memory_bytes}"]
+        inner += [f"--fsize={s.file_size_bytes}", f"--cpu={s.cpu_seconds}", "--"]
+        return outer, opts, inner
+
+    def _argv(self, command: list[str]) -> tuple[list[str], int]:
+        """The command line of one sandboxed command, and the pipe with bwrap's options (close it after)."""
+        # Options on a pipe keep the host's paths out of PID 1's command line, which `ps` shows the model.
+        read, write = os.pipe()
+        os.write(write, self._options)
+        os.close(write)
+        return [*self._outer, "--args", str(read), *self._inner, *command], read
+
+    def exec(self, command: str, timeout: float) -> ExecResult:
+        argv, options = self._argv(["/bin/sh", "-c", START, "sh", command])
+        try:
+            done = stream(
+                argv, env=self._env, cwd="/", timeout=timeout, kill=lambda proc: proc.kill(), pass_fds=(options,)
+            )
+        finally:
+            os.close(options)
+        started = done.output.take_prefix(STARTED)
+        if done.timed_out:
+            return ExecResult(done.output.text(), -9, timed_out=True)
+        if not started:
+            raise SandboxError(f"the bwrap sandbox did not start: {_one_line(done.output.text())}")
+        return ExecResult(done.output.text(), done.returncode)
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        cap = MAX_FILE_BYTES + 1 if limit is None else limit
+        direct = self._direct(path)
+        data = None
+        if direct is not None:
+            root, parts, writable = direct
+            try:
+                # Reading a system file for `nobody` while running as root: only what anyone may read.
+                data = confined.read(root, parts, cap, others_only=not writable and self._user is not None)
+            except PermissionError:
+                data = None  # a symlink, or permissions the sandbox itself must judge
+        if data is None:
+            data = self._file_op("read", path, str(cap))
+        if limit is None and len(data) > MAX_FILE_BYTES:
+            raise OSError(f"{path} is over the {MAX_FILE_BYTES} byte limit")
+        return data
+
+    def write_file(self, path: str, data: bytes) -> None:
+        direct = self._direct(path)
+        if direct is not None and direct[2]:
+            try:
+                confined.write(direct[0], direct[1], data, owner=self._user)
+                return
+            except confined.SymlinkRefused:
+                pass  # the sandbox follows it, within its own view
+        self._file_op("write", path, "", data)
+
+    def confine(self, path: str) -> str:
+        """Any path: commands and searches run inside the sandbox, which is the confinement."""
+        return path
+
+    def _direct(self, path: str) -> tuple[str, list[str], bool] | None:
+        """(host directory, components below it, writable) when the path maps onto one without `..`."""
+        if ".." in path.split("/"):
+            return None  # `..` after a symlink means what the kernel says, not the text: ask the sandbox
+        full = posixpath.normpath(posixpath.join(self.workdir, path))
+        for inside, host, writable in self._mounts:
+            parts = confined.parts_beneath(inside, full)
+            if parts is not None:
+                return (host, parts, writable) if host else None
+        return None
+
+    def _file_op(self, op: str, path: str, limit: str, data: bytes = b"") -> bytes:
+        argv, options = self._argv(["/bin/sh", "-c", FILE_OP, "sh", op, path, limit])
+        try:
+            done = subprocess.run(
+                argv,
+                input=data,
+                capture_output=True,
+                env=self._env,
+                cwd="/",
+                timeout=FILE_OP_TIMEOUT,
+                pass_fds=(options,),
+            )
+        except subprocess.TimeoutExpired:
+            raise OSError(f"{path}: the file operation did not finish in {FILE_OP_TIMEOUT:g} s") from None
+        finally:
+            os.close(options)
+        # "sh: 19: cannot create /etc/x: Read-only file system": the script's line number means nothing to the model.
+        message = re.sub(r"^sh: \d+: ", "", _one_line(done.stderr.decode("utf-8", "replace")))
+        if not done.stdout.startswith(STARTED):
+            raise SandboxError(f"the bwrap sandbox did not start: {message}")
+        if done.returncode != 0:
+            raise _ERRORS.get(done.returncode, OSError)(message or f"{op} {path} failed (exit {done.returncode})")
+        return done.stdout[len(STARTED) :]
+
+    def cleanup(self) -> None:
+        sandbox_dirs.remove(self._base)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:500]
+
+
+_probe_lock = threading.Lock()
+_probed: dict[bool, str | None] = {}
+
+
+def probe(settings: SandboxSettings | None = None) -> str | None:
+    """None if bwrap sandboxes work on this machine (tried once per process), else why not."""
+    settings = settings or SandboxSettings(kind="bwrap")
+    with _probe_lock:
+        if settings.network not in _probed:
+            _probed[settings.network] = _try(settings)
+        return _probed[settings.network]
+
+
+def _try(settings: SandboxSettings) -> str | None:
+    missing = [name for name, path in _tools().items() if path is None and (name != "setpriv" or sandbox_user())]
+    if missing:
+        return f"{' and '.join(missing)} not found (Debian: apt-get install bubblewrap util-linux)"
+    sandbox = None
+    try:
+        sandbox = BwrapSandbox(SandboxSpec(settings))
+        result = sandbox.exec("exit 0", timeout=30)
+        return None if result.exit_code == 0 else f"a test command failed: {_one_line(result.output)}"
+    except (SandboxError, OSError) as e:
+        return str(e)
+    finally:
+        if sandbox is not None:
+            sandbox.cleanup()
+
+
+def prepare(spec: SandboxSpec) -> None:
+    """Raise SandboxError if bwrap does not work here, or the row's cwd cannot be a working directory in it."""
+    cwd = spec.cwd
+    if cwd:
+        cwd = posixpath.normpath(cwd)
+        if not posixpath.isabs(cwd):
+            raise SandboxError(f"cwd {spec.cwd!r} must be an absolute path inside the sandbox")
+        for d in PRIVATE_DIRS:
+            if cwd == d or cwd.startswith(d + "/"):
+                raise SandboxError(f"cwd {spec.cwd!r} lies in {d}, which the bwrap sandbox makes its own")
+        for d in SYSTEM_DIRS:
+            if (cwd == d or cwd.startswith(d + "/")) and (os.path.islink(d) or not os.path.isdir(cwd)):
+                raise SandboxError(
+                    f"cwd {spec.cwd!r} lies in {d}, read-only in the bwrap sandbox, and is no directory there"
+                )
+    reason = probe(spec.settings)
+    if reason:
+        raise SandboxError(f"the bwrap sandbox does not work here: {reason}")
+
+
+def create(spec: SandboxSpec) -> BwrapSandbox:
+    prepare(spec)
+    return BwrapSandbox(spec)
+
+
+def reap(labels: dict[str, str]) -> int:
+    """Remove the directories of sandboxes whose worker died; their processes died with it (--die-with-parent)."""
+    return local.reap(labels)

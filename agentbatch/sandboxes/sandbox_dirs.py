@@ -1,0 +1,121 @@
+"""The local and bwrap sandboxes' temporary directories, named after the process that owns them.
+
+`br-sandbox-<pid>.<start time>-<random>` in the temp directory: the name alone says whose it is, so
+after a worker dies (or a session is killed) the parent can tell a dead owner's leftovers from a live
+sandbox of another run without any file a command could tamper with, and remove them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import stat
+import tempfile
+from functools import cache
+
+PREFIX = "br-sandbox-"
+_NAME = re.compile(rf"^{PREFIX}(\d+)\.(\d+)-")
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read()
+    except OSError:
+        return None
+    # Field 2 (the command name) may hold spaces and parentheses: count fields after its closing ")".
+    fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+@cache
+def _owner_tag(pid: int) -> str:
+    return f"{pid}.{process_start(pid) or 0}"
+
+
+def owner_tag() -> str:
+    """This process's `<pid>.<start time>` (a forked child gets its own)."""
+    return _owner_tag(os.getpid())
+
+
+def make(mode: int = 0o700, reachable: bool = False) -> str:
+    """A fresh sandbox directory owned by this process; `reachable`: in a directory any user may pass through."""
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{owner_tag()}-", dir=shared_base() if reachable else None)
+    os.chmod(path, mode)
+    return path
+
+
+def shared_base() -> str:
+    """The temp directory if every user may pass through it (bwrap binds from the sandbox user's view), else /tmp."""
+    base = tempfile.gettempdir()
+    path = base
+    while True:
+        try:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                return "/tmp"
+        except OSError:
+            return "/tmp"
+        if path == "/":
+            return base
+        path = os.path.dirname(path)
+
+
+def _bases() -> set[str]:
+    return {tempfile.gettempdir(), shared_base()}
+
+
+def owner_alive(name: str) -> bool:
+    """Whether the process named in a sandbox directory's name still runs (True if the name is not ours)."""
+    m = _NAME.match(name)
+    if not m:
+        return True
+    pid, start = int(m.group(1)), int(m.group(2))
+    return process_start(pid) == start
+
+
+def dead_leftovers() -> list[str]:
+    """Paths of this user's sandbox directories whose owner process is dead."""
+    out = []
+    for base in _bases():
+        try:
+            names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
+        except OSError:
+            continue
+        out += _dead(base, names)
+    return out
+
+
+def _dead(base: str, names: list[str]) -> list[str]:
+    out = []
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not owner_alive(name):
+            out.append(path)
+    return out
+
+
+def remove(path: str) -> None:
+    """Remove a sandbox directory whatever a command did to its modes; never raises."""
+
+    def unlock(func, failed, _exc) -> None:
+        # A command may have left a directory without write or search permission: restore it and retry.
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed), 0o700)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, 0o700)
+                shutil.rmtree(failed, ignore_errors=True)
+            else:
+                os.unlink(failed)
+
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path, onerror=unlock)

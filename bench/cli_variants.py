@@ -1,0 +1,80 @@
+"""The CLI with one thing changed, for bench/bench_scale.py; only the standard library is imported before it starts.
+
+python bench/cli_variants.py layout P ARGS...   # P worker processes forced, the sessions split over them
+python bench/cli_variants.py phases FILE ARGS... # writes when each phase of the run ended to FILE
+"""
+
+from __future__ import annotations
+
+import time
+
+MAIN = time.monotonic()  # the interpreter and site are done: the first line of this program runs
+
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def layout(processes: int) -> None:
+    """The CLI with `processes` worker processes, the sessions split evenly over them."""
+    from agentbatch import launch
+    from agentbatch.executors import capacity
+    from batch_runner import cli
+
+    def fixed(num_workers, concurrency, ray_address):
+        sessions = concurrency or num_workers
+        plan = capacity.Plan(sessions, processes, -(-sessions // processes))
+        capacity.reserve(plan)
+        return plan
+
+    launch.layout = fixed
+    cli()
+
+
+def phases(path: str) -> None:
+    """The CLI, noting the time.monotonic() at which each phase of its run ended."""
+    marks = {"main": MAIN}
+    import batch_runner
+    from agentbatch import launch, session
+    from agentbatch.executors import processes
+
+    marks["imported"] = time.monotonic()
+    make, outcomes, finish = launch.executor, processes.LocalExecutor._outcomes, session.Session._finish
+
+    def timed_make(*args, **kwargs):
+        marks["executor"] = time.monotonic()
+        try:
+            return make(*args, **kwargs)
+        finally:
+            marks["executor_made"] = time.monotonic()
+
+    def timed_outcomes(self, *args, **kwargs):
+        marks["handing_out"] = time.monotonic()
+        try:
+            yield from outcomes(self, *args, **kwargs)
+        finally:
+            marks["workers_done"] = time.monotonic()
+
+    def timed_finish(self, *args, **kwargs):
+        try:
+            return finish(self, *args, **kwargs)
+        finally:
+            marks["finished"] = time.monotonic()
+
+    launch.executor, processes.LocalExecutor._outcomes, session.Session._finish = (
+        timed_make,
+        timed_outcomes,
+        timed_finish,
+    )
+    try:
+        batch_runner.cli()
+    finally:
+        Path(path).write_text(json.dumps(marks))
+
+
+if __name__ == "__main__":
+    kind, value = sys.argv[1], sys.argv[2]
+    del sys.argv[1:3]
+    layout(int(value)) if kind == "layout" else phases(value)

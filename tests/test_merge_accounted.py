@@ -1,0 +1,90 @@
+"""The merge copies the lines a session counted as it wrote them: the same trajectories.jsonl and statistics as
+reading every line back, whatever the lines hold (tool calls, redacted secrets, lone surrogates, unknown tools)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from agentbatch.run_files import RunFiles, prompt_key
+from agentbatch.run_statistics import RunStats
+from trajectory import first_human
+
+SECRET = "sk-merge-secret-123456"
+
+
+def record(i: int, text: str = "answer", tool: str | None = None) -> dict:
+    turns = [{"from": "human", "value": f"prompt {i}"}, {"from": "gpt", "value": f"<think>\nr\n</think>\n{text}"}]
+    if tool:
+        turns[1]["tool_calls"] = [{"id": "c1", "name": tool, "arguments": "{}"}]
+        turns.append({"from": "tool", "value": "{}", "tool_call_id": "c1", "name": tool})
+    return {
+        "prompt_index": i,
+        "conversations": turns,
+        "completed": True,
+        "partial": False,
+        "stop_reason": "answered",
+        "api_calls": 1 + bool(tool),
+        "tool_stats": {tool: {"count": 1, "success": 1, "failure": 0}} if tool else {},
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        "tools": json.dumps([{"type": "function", "function": {"name": "terminal"}}]),
+    }
+
+
+def count(stats: RunStats, kept: Counter, r: dict) -> None:
+    stats.add_trajectory(r)
+    kept[prompt_key(first_human(r))] += 1
+
+
+def test_merging_counted_lines_equals_reading_every_line_back(tmp_path):
+    earlier = RunFiles(str(tmp_path), secrets=(SECRET,))
+    earlier.prepare()
+    for i in range(3):  # a previous session's batch: no tool call in it
+        earlier.append(earlier.batch_path(0), record(i), kept=True)
+    earlier.close()
+
+    session = RunFiles(str(tmp_path), secrets=(SECRET,))
+    stats, kept = RunStats(), Counter()
+    lines = [
+        record(10),
+        record(11, tool="terminal"),  # the first line with a tool call: it leads trajectories.jsonl
+        record(12, text=f"it echoed {SECRET}"),  # written redacted: not the record in memory
+        record(13, text="lone \ud800 surrogate"),  # written as its escape
+        record(14, tool="not_a_tool"),  # the merge filters it
+        record(15, tool="terminal"),
+    ]
+    counted = []
+    for n, r in ((1, lines[0]), (1, lines[1]), (1, lines[2]), (2, lines[3]), (2, lines[4]), (2, lines[5])):
+        if session.append(session.batch_path(n), r, kept=True):
+            count(stats, kept, r)
+            counted.append(r["prompt_index"])
+    assert counted == [10, 11, 15]
+    session.close()
+
+    def absorb(r: dict) -> None:
+        count(stats, kept, r)
+
+    report = session.merge(absorb)
+    merged = (tmp_path / "trajectories.jsonl").read_bytes()
+
+    (tmp_path / "trajectories.jsonl").unlink()
+    reread_stats, reread_kept = RunStats(), Counter()
+    reread = RunFiles(str(tmp_path), secrets=(SECRET,)).merge(lambda r: count(reread_stats, reread_kept, r))
+
+    assert merged == (tmp_path / "trajectories.jsonl").read_bytes()
+    assert (report.kept, report.unknown_tool, report.not_json) == (reread.kept, reread.unknown_tool, 0) == (8, 1, 0)
+    assert stats.to_dict() == reread_stats.to_dict() and kept == reread_kept
+    first = json.loads(merged.splitlines()[0])
+    assert first["prompt_index"] == 11 and SECRET.encode() not in merged
+
+
+def test_a_counted_line_changed_on_disk_is_read_back(tmp_path):
+    files = RunFiles(str(tmp_path))
+    files.prepare()
+    assert files.append(files.batch_path(0), record(1), kept=True)
+    files.close()
+    path = tmp_path / "batch_0.jsonl"
+    path.write_bytes(path.read_bytes() + json.dumps(record(2)).encode() + b"\n")  # not written by the session
+    seen = []
+    report = files.merge(lambda r: seen.append(r["prompt_index"]))
+    assert report.kept == 2 and seen == [2]

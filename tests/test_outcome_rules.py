@@ -1,0 +1,95 @@
+"""The rules behind a check's result: pass@k against brute force, the answer rule, the reward line, bad rows."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+
+from agentbatch.dataset import load_entries
+from agentbatch.outcome_stats import pass_at_k, shown_ks
+from agentbatch.verification import answer_matches, parse_reward
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_pass_at_k_is_the_chance_that_k_of_the_n_samples_hold_a_pass(n):
+    # Brute force: every way of picking k of the n samples, counting the picks that hold at least one pass.
+    for c in range(n + 1):
+        outcomes = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            picks = list(itertools.combinations(outcomes, k))
+            assert pass_at_k(n, c, k) == pytest.approx(sum(any(p) for p in picks) / len(picks), abs=1e-12)
+
+
+def test_pass_at_k_stays_exact_where_binomials_would_overflow_a_float():
+    n, c, k = 2000, 3, 500
+    exact = 1 - math.comb(n - c, k) / math.comb(n, k)  # Python integers: exact
+    assert pass_at_k(n, c, k) == pytest.approx(exact, rel=1e-9)
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 4)
+
+
+def test_the_summary_shows_pass_at_one_powers_of_two_and_the_largest_k():
+    assert shown_ks({str(k): 0.0 for k in range(1, 11)}) == ["1", "2", "4", "8", "10"]
+    assert shown_ks({"1": 0.5}) == ["1"]
+
+
+@pytest.mark.parametrize(
+    "expected, message, matches",
+    [
+        ("391", "17*23 = 391.", True),
+        ("391", "It is 3910", False),
+        ("391", "the answer: 391", True),
+        ("Paris", "The capital of France is PARIS!", True),
+        ("paris", "Parisian cafés", False),
+        ("New  York", "new\nyork city", True),  # spacing and case do not count
+        ("ﬁle", "the file is here", True),  # compatibility forms are the same text (NFKC)
+        ("3.5", "13.5", False),
+        ("-3", "x is -3", True),
+        ("yes", "", False),
+    ],
+)
+def test_an_answer_matches_as_a_whole_word_or_phrase(expected, message, matches):
+    assert answer_matches(expected, message) is matches
+
+
+@pytest.mark.parametrize(
+    "output, reward",
+    [
+        ("0.5\n", 0.5),
+        ('tests ran\n{"reward": 0.25, "passed": 1, "total": 4}\n\n', 0.25),
+        ("1", 1.0),
+        ('{"passed": 3}', None),  # no reward in the object: the exit status decides
+        ("true", None),
+        ("NaN", None),
+        ("5 passed in 0.1s", None),
+        ("", None),
+        ('{"reward": "high"}', None),
+    ],
+)
+def test_the_reward_is_a_json_number_or_object_on_the_last_line(output, reward):
+    assert parse_reward(output) == reward
+
+
+def test_rows_with_unusable_checks_are_skipped_with_their_reason(tmp_path):
+    rows = [
+        {"prompt": "ok", "setup": "touch a", "verify": "test -f a", "answer": ["a", "b"]},
+        {"prompt": "verify is a list", "verify": ["pytest"]},
+        {"prompt": "empty setup", "setup": "  "},
+        {"prompt": "answer is a number", "answer": 42},
+        {"prompt": "empty answer list", "answer": []},
+        {"prompt": "NUL in verify", "verify": "true\u0000"},
+    ]
+    path = tmp_path / "ds.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    entries, warnings = load_entries(str(path))
+    assert [(e.prompt, e.setup, e.verify, e.answers) for e in entries] == [("ok", "touch a", "test -f a", ("a", "b"))]
+    assert [w.split(": skipped: ")[1] for w in warnings] == [
+        '"verify" must be a non-empty shell command (a string)',
+        '"setup" must be a non-empty shell command (a string)',
+        '"answer" must be a non-empty string or a list of them',
+        '"answer" must be a non-empty string or a list of them',
+        '"verify" must be a non-empty shell command (a string)',
+    ]

@@ -1,0 +1,121 @@
+"""Adaptive concurrency: the scripted server's rate-limited mode, the pacer, and a rate-limited run through the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
+from scripted_server import ScriptedServer
+
+from agentbatch.model.rate_limit import Pacer, _limits, _seconds, retry_after
+
+ONE_CALL = [{"content": "answered"}]
+
+
+def post(srv: ScriptedServer) -> tuple[int, dict]:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = urllib.request.Request(srv.base_url + "/chat/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers)
+
+
+def test_the_rate_limited_server_accepts_its_burst_then_answers_429_with_openai_headers():
+    with ScriptedServer(default_script=ONE_CALL, rate_limit=2, rate_burst=3) as srv:
+        answers = [post(srv) for _ in range(5)]
+        stats = srv.rate_limit.stats()
+    assert [status for status, _ in answers[:3]] == [200, 200, 200]
+    assert 429 in [status for status, _ in answers[3:]]
+    status, headers = next(a for a in answers if a[0] == 429)
+    assert headers["x-ratelimit-limit-requests"] == "3" and headers["x-ratelimit-remaining-requests"] == "0"
+    assert int(headers["Retry-After"]) >= 1 and 0 < int(headers["retry-after-ms"]) <= 500
+    assert stats["accepted"] + stats["refused"] == 5 and stats["refused"] >= 1
+    limits = _limits({k.lower(): v for k, v in headers.items()})
+    assert limits is not None and limits.rate == pytest.approx(2.0, rel=0.2)  # the bucket's rate, from headers
+
+
+def test_header_values_as_endpoints_write_them():
+    assert _seconds("12ms") == pytest.approx(0.012) and _seconds("6m0s") == 360 and _seconds("1.5s") == 1.5
+    assert _seconds("0.25") == 0.25 and _seconds("soon") is None and _seconds("") is None
+    openai = {"x-ratelimit-limit-requests": "5000", "x-ratelimit-remaining-requests": "4999"}
+    assert _limits({**openai, "x-ratelimit-reset-requests": "12ms"}).rate == pytest.approx(1 / 0.012)
+    assert _limits({**openai, "x-ratelimit-remaining-requests": "5000", "x-ratelimit-reset-requests": "0s"}) is None
+    assert retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert retry_after({"retry-after": "3"}) == 3 and retry_after({}) is None
+
+
+def test_the_pacer_opens_for_an_endpoint_without_limits_and_paces_after_a_429():
+    open_one = Pacer()
+    ticket = open_one.acquire()
+    open_one.release(ticket, 200, {})
+    assert open_one.mode == "open"
+    tickets = [open_one.acquire() for _ in range(300)]  # no window any more: none waits
+    assert all(t is not None for t in tickets)
+
+    pacer = Pacer()
+    first = pacer.acquire()
+    pacer.release(first, 429, {"retry-after-ms": "10"})
+    assert pacer.mode == "paced" and pacer.rate is not None
+    pacer.rate = 20.0
+    start = time.monotonic()
+    for _ in range(6):
+        pacer.release(pacer.acquire(), 200, {})
+    # Six starts at 20 a second are at least five intervals apart (a loaded machine only makes it slower).
+    assert time.monotonic() - start >= 5 / 20 * 0.9
+
+
+def test_a_burst_of_429s_to_calls_sent_together_cuts_the_rate_once():
+    pacer = Pacer()
+    pacer.release(pacer.acquire(), 429, {})
+    pacer.rate = 40.0
+    tickets = [pacer.acquire() for _ in range(4)]
+    first_cut = time.monotonic()
+    for t in tickets:  # all sent before the cut they cause: one cut
+        pacer.release(t, 429, {})
+    assert pacer.rate == pytest.approx(40.0 * 0.8)
+    time.sleep(0.01)
+    later = pacer.acquire()
+    assert later > first_cut
+    pacer.release(later, 429, {})  # sent after the cut, still refused: a second cut
+    assert pacer.rate == pytest.approx(40.0 * 0.8 * 0.8)
+
+
+def test_retry_after_pauses_every_call_and_the_deadline_is_honoured():
+    pacer = Pacer()
+    pacer.release(pacer.acquire(), 429, {"retry-after": "30"})
+    assert pacer.acquire(deadline=time.monotonic() + 0.2) is None  # paused for 30 s: the deadline comes first
+    waiting = []
+    thread = threading.Thread(target=lambda: waiting.append(pacer.acquire(deadline=time.monotonic() + 0.3)))
+    thread.start()
+    thread.join(timeout=30)
+    assert waiting == [None]
+
+
+def rate_limited_run(tmp_path, headers: bool, *flags: str):
+    prompts = [f"rate limited prompt {i}" for i in range(120)]
+    write_dataset(tmp_path / "ds.jsonl", prompts)
+    args = ["--dataset_file=ds.jsonl", "--run_name=rl", "--batch_size=50", "--distribution=terminal_only"]
+    args += ["--require_reasoning=false", "--num_workers=2", "--concurrency=64", "--max_retries=2", *flags]
+    with ScriptedServer(default_script=ONE_CALL, latency=0.1, rate_limit=20, rate_headers=headers) as srv:
+        proc = run_cli(args, tmp_path, srv)
+        stats = srv.rate_limit.stats()
+    return proc, RunDir(tmp_path / "data" / "rl"), stats
+
+
+@pytest.mark.parametrize("headers", [True, False], ids=["x-ratelimit headers", "Retry-After only"])
+def test_a_rate_limited_endpoint_fails_no_prompt_and_mostly_sees_accepted_requests(tmp_path, headers):
+    # 64 prompts at once against 20 requests a second and only 3 attempts a call: sent all at once, as the
+    # runner did before, many prompts fail; paced, none does.
+    proc, run, stats = rate_limited_run(tmp_path, headers)
+    assert_clean_exit(proc, 0)
+    assert run.stats()["prompts"]["done"] == 120 and not run.failed()
+    sent = stats["accepted"] + stats["refused"]
+    assert stats["accepted"] == 120
+    assert stats["refused"] / sent < 0.3, f"{stats['refused']} of {sent} requests answered 429"
