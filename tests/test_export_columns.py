@@ -86,7 +86,7 @@ def test_equal_counts_keep_the_order_python_counts_them_in():
         lambda r: r.update(tool_stats={k: r["tool_stats"][k] for k in reversed(r["tool_stats"])}),
         lambda r: r["tool_stats"].update(retired_tool={"count": 1, "success": 1, "failure": 0}),
         lambda r: r["tool_error_counts"].update(retired_tool=1),
-        lambda r: r["usage"].update(cost_usd=0.5),
+        lambda r: r.update(usage={**{k: v for k, v in r["usage"].items() if k != "cost"}, "cost_usd": 0.5}),
     ],
     ids=["tool_stats_reordered", "tool_stats_unknown_key", "tool_errors_unknown_key", "cost_usd"],
 )
@@ -111,7 +111,24 @@ def test_extra_fields_are_found_without_parsing_the_line():
         assert found.turn_extras == turn_extras(record)
     plain = regular(4)
     found = scan(_lines([plain])[0])
-    assert found.extra is None and found.turn_extras == [None] * len(plain["conversations"])
+    assert found.extra == line_extra(plain) == json.dumps({"check": plain["check"]})
+    assert found.turn_extras == [None] * len(plain["conversations"])
+
+
+def test_the_fields_a_runner_adds_are_found_as_the_line_holds_them():
+    """A line's check and its turns' logprobs (what current runs write beyond the columns) need no second pass."""
+    records = [regular(i) for i in range(5)]
+    records[1]["check"] = {"status": "passed", "exit_code": 0, "output": "ok ✓ \\ud800", "seconds": 1.5}
+    records[2]["check"] = None
+    del records[3]["check"]
+    for t in records[4]["conversations"]:
+        if t["from"] == "gpt":
+            t["logprobs"] = {"content": [{"token": "é", "logprob": -0.5, "top_logprobs": []}]}
+    for record, line in zip(records, _lines(records), strict=True):
+        found = scan(line)
+        assert not found.python and found.extra == line_extra(record), record.get("check")
+        assert found.turn_extras == turn_extras(record)
+    assert scan(_lines([records[4]])[0]).turn_extras.count(None) < len(records[4]["conversations"])
 
 
 def test_lines_arrow_cannot_type_are_found_among_those_it_can():

@@ -113,6 +113,7 @@ if msgspec is not None:
         tool_calls: _Raw = _Raw()
         tool_call_id: _Raw = _Raw()
         name: _Raw = _Raw()
+        logprobs: _Raw = _Raw()  # beyond TURN's, on lines of --logprobs runs: its only extra field when present
 
     class _Usage(msgspec.Struct, forbid_unknown_fields=True):
         prompt_tokens: _Raw = _Raw()
@@ -138,6 +139,7 @@ if msgspec is not None:
         tools: _Raw = _Raw()
         reward: _Raw = _Raw()
         passed: _Raw = _Raw()
+        check: _Raw = _Raw()  # beyond the schema's, on every line of a current run: its only extra field
 
     _LINE = msgspec.json.Decoder(_Line)
     _OBJECT = msgspec.json.Decoder(dict[str, _Raw] | None)
@@ -158,7 +160,30 @@ def scan(line: bytes) -> Scan:
         return _PYTHON  # the card's tool-call counts follow a line's own key order and count every key
     if known.tool_error_counts and not known.tool_error_counts.keys() <= _TOOLS:
         return _PYTHON  # --export_no_tool_errors sums every key
-    return Scan(turn_extras=[None] * len(known.conversations))
+    try:
+        extra = _extra_text("check", known.check)
+        turns = [_extra_text("logprobs", t.logprobs) for t in known.conversations]
+    except ValueError:
+        return _PYTHON
+    return Scan(extra=extra, turn_extras=turns)
+
+
+_TEXTS: dict[tuple[str, bytes], str] = {}  # the same small values recur line after line (a line without a check)
+
+
+def _extra_text(key: str, raw) -> str | None:
+    """`{key: value}` as the extra column's JSON text, None when the field is absent (an empty Raw)."""
+    if not raw:
+        return None
+    if len(raw) > 256:  # large and seldom repeated (logprobs): not worth keeping
+        return _dumps({key: _value(raw)})
+    data = bytes(raw)
+    text = _TEXTS.get((key, data))
+    if text is None:
+        if len(_TEXTS) > 1024:
+            _TEXTS.clear()
+        text = _TEXTS[key, data] = _dumps({key: _value(data)})
+    return text
 
 
 def _scan_keys(line: bytes) -> Scan:
