@@ -70,20 +70,6 @@ def test_parquet_export_writes_what_it_wrote_before(pin_run, setting, formats):
     assert got["card"] == expected["card"]
 
 
-def main() -> None:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = write_pin_run(Path(tmp) / "pin")
-        doc = {name: snapshot(run_dir, filters) for name, filters in SETTINGS.items()}
-    FIXTURE.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"wrote {FIXTURE}")
-
-
-if __name__ == "__main__":
-    main()
-
-
 def test_without_msgspec_the_cli_exports_the_same(pin_run):
     """msgspec is optional: without it every line is parsed in Python, slower, and the output is the same."""
     blocked = (
@@ -96,3 +82,17 @@ def test_without_msgspec_the_cli_exports_the_same(pin_run):
     report = json.loads((pin_run / "export" / "report.json").read_text())["parquet"]
     expected = json.loads(FIXTURE.read_text(encoding="utf-8"))["none"]
     assert written(pin_run, report) == expected
+
+
+def main() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = write_pin_run(Path(tmp) / "pin")
+        doc = {name: snapshot(run_dir, filters) for name, filters in SETTINGS.items()}
+    FIXTURE.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {FIXTURE}")
+
+
+if __name__ == "__main__":
+    main()
