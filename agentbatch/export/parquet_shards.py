@@ -1,239 +1,191 @@
 """`parquet`: bounded Parquet shards under data/ and a dataset card, as `datasets.load_dataset(DIR)` and the Hub take them.
 
-One fixed schema for every shard (so any mix of old and new lines is one table): the trajectory line's own
-fields as columns, `reward` / `passed` / `usage.cost` null where a line has none, and whatever else a line or a
-turn carries (a verification object, logprobs, fields added later) as JSON text in an `extra` column.
+The run's lines are read in blocks: Arrow's JSON reader types each block once, the merge's unknown-tool check, the
+filters and the card's statistics are computed on its columns, and only lines the reader or the key scan
+cannot vouch for are parsed in Python (parquet_lines). Kept lines go to row groups of ~4 MB of lines, cut where
+the export always cut them; a row group holding a line Arrow cannot type is built row by row (parquet_rows).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.json as paj
 import pyarrow.parquet as pq
 
-from agentbatch.export.common import ExportContext, write_card
+from agentbatch.export import parquet_columns as columns
+from agentbatch.export.common import ExportContext, Filters, SourceCounts, parse_line, write_card
 from agentbatch.export.dataset_card import CardStats, card_body
-from toolset_distributions import ALL_TOOL_NAMES
+from agentbatch.export.parquet_lines import Block, read_block, scan
+from agentbatch.export.parquet_rows import SCHEMA, line_extra, python_rows, turn_extras, typed_rows
+from trajectory import unknown_tools
 
 SHARD_BYTES = 256 * 1024 * 1024  # the Hub's viewer and most readers are happiest with shards of a few hundred MB
 BATCH_SOURCE_BYTES = 4 * 1024 * 1024  # one row group: bounds the memory of an export, whatever the run's size
-_s = pa.string()
-_i = pa.int64()
-TOOL_CALL = pa.struct([("id", _s), ("name", _s), ("arguments", _s)])
-TURN = pa.struct(
-    [
-        ("from", _s),
-        ("value", _s),
-        ("tool_calls", pa.list_(TOOL_CALL)),
-        ("tool_call_id", _s),
-        ("name", _s),
-        ("extra", _s),
-    ]
-)
-_STATS = pa.struct([("count", _i), ("success", _i), ("failure", _i)])
-SCHEMA = pa.schema(
-    [
-        ("prompt_index", _i),
-        ("sample_index", _i),
-        ("conversations", pa.list_(TURN)),
-        ("metadata", pa.struct([("batch_num", _i), ("timestamp", _s), ("model", _s)])),
-        ("completed", pa.bool_()),
-        ("partial", pa.bool_()),
-        ("stop_reason", _s),
-        ("api_calls", _i),
-        ("toolsets_used", pa.list_(_s)),
-        ("tool_stats", pa.struct([(name, _STATS) for name in ALL_TOOL_NAMES])),
-        ("tool_error_counts", pa.struct([(name, _i) for name in ALL_TOOL_NAMES])),
-        (
-            "usage",
-            pa.struct([("prompt_tokens", _i), ("completion_tokens", _i), ("total_tokens", _i), ("cost", pa.float64())]),
-        ),
-        ("tools", _s),
-        ("reward", pa.float64()),
-        ("passed", pa.bool_()),
-        ("extra", _s),
-    ]
-)
-# What Arrow's own JSON reader parses straight from the lines: SCHEMA without the `extra` columns we compute.
-_JSON_TURN = pa.struct([f for f in TURN if f.name != "extra"])
-JSON_SCHEMA = pa.schema(
-    [
-        pa.field("conversations", pa.list_(_JSON_TURN)) if f.name == "conversations" else f
-        for f in SCHEMA
-        if f.name != "extra"
-    ]
-)
-_COLUMNS = set(SCHEMA.names) - {"extra"}
-_TURN_KEYS = ("from", "value", "tool_calls", "tool_call_id", "name")
-_TURN_KEY_SET = frozenset(_TURN_KEYS)
-_TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens")
-_ZERO = {"count": 0, "success": 0, "failure": 0}
+# Past this many lines of a block parsed in Python, the whole block is: its statistics are then added line by
+# line in order, instead of alternating between column runs and single lines.
+PYTHON_LINES_PER_BLOCK = 32
+_STATS_COLUMNS = ["completed", "partial", "stop_reason", "metadata", "tool_stats", "usage", "reward", "passed"]
 
 
-def _text(value) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False)
+@dataclass
+class _Part:
+    """Kept lines of one block that go to the row group being filled."""
 
-
-def _int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def to_row(record: dict) -> dict:
-    """A trajectory line → one row of SCHEMA."""
-    turns = []
-    for t in record.get("conversations") or ():
-        calls = t.get("tool_calls")
-        extra = {k: v for k, v in t.items() if k not in _TURN_KEYS}
-        turns.append(
-            {
-                "from": t.get("from"),
-                "value": _text(t.get("value")),
-                "tool_calls": [
-                    {"id": _text(c.get("id")), "name": c.get("name"), "arguments": _text(c.get("arguments"))}
-                    for c in calls
-                ]
-                if calls
-                else None,
-                "tool_call_id": _text(t.get("tool_call_id")),
-                "name": t.get("name"),
-                "extra": json.dumps(extra, ensure_ascii=False) if extra else None,
-            }
-        )
-    usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
-    cost = usage.get("cost", usage.get("cost_usd"))
-    extra = {k: v for k, v in record.items() if k not in _COLUMNS and k != "conversations"}
-    other_usage = {k: v for k, v in usage.items() if k not in (*_TOKENS, "cost")}
-    if other_usage:
-        extra["usage"] = other_usage
-    stats = record.get("tool_stats") if isinstance(record.get("tool_stats"), dict) else {}
-    errors = record.get("tool_error_counts") if isinstance(record.get("tool_error_counts"), dict) else {}
-    meta = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
-    reward = record.get("reward")
-    passed = record.get("passed")
-    return {
-        "prompt_index": _int(record.get("prompt_index")),
-        "sample_index": _int(record.get("sample_index")) or 0,
-        "conversations": turns,
-        "metadata": {
-            "batch_num": _int(meta.get("batch_num")),
-            "timestamp": _text(meta.get("timestamp")),
-            "model": _text(meta.get("model")),
-        },
-        "completed": bool(record.get("completed")),
-        "partial": bool(record.get("partial")),
-        "stop_reason": _text(record.get("stop_reason")),
-        "api_calls": _int(record.get("api_calls")),
-        "toolsets_used": [str(t) for t in record.get("toolsets_used") or ()],
-        "tool_stats": {name: stats.get(name) or _ZERO for name in ALL_TOOL_NAMES},
-        "tool_error_counts": {name: int(errors.get(name) or 0) for name in ALL_TOOL_NAMES},
-        "usage": {
-            **{k: int(usage.get(k) or 0) for k in _TOKENS},
-            "cost": float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
-        },
-        "tools": _text(record.get("tools")),
-        "reward": float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None,
-        "passed": passed if isinstance(passed, bool) else None,
-        "extra": json.dumps(extra, ensure_ascii=False) if extra else None,
-    }
-
-
-def _extras(record: dict) -> tuple[str | None, list[str | None]]:
-    """The line's fields outside SCHEMA's columns, and each turn's, as JSON text (None when there are none)."""
-    extra = {k: v for k, v in record.items() if k not in _COLUMNS and k != "conversations"}
-    usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
-    other_usage = {k: v for k, v in usage.items() if k not in (*_TOKENS, "cost")}
-    if other_usage:
-        extra["usage"] = other_usage
-    turns: list[str | None] = []
-    for t in record.get("conversations") or ():
-        if isinstance(t, dict) and t.keys() - _TURN_KEY_SET:
-            more = {k: v for k, v in t.items() if k not in _TURN_KEY_SET}
-            turns.append(json.dumps(more, ensure_ascii=False))
-        else:
-            turns.append(None)
-    return (json.dumps(extra, ensure_ascii=False) if extra else None), turns
+    block: Block
+    rows: list[int] = field(default_factory=list)  # their rows in block.table (-1: not typed)
+    extras: list[str | None] = field(default_factory=list)
+    turn_extras: list[str | None] = field(default_factory=list)
+    lines: list[bytes] = field(default_factory=list)
+    records: list[dict | None] = field(default_factory=list)  # parsed already, or None
 
 
 class Writer:
+    BLOCK_BYTES = BATCH_SOURCE_BYTES  # lines read per block: with no filter, a block is a row group
+
     def __init__(self, out: Path, ctx: ExportContext):
         self.out, self.ctx = out, ctx
         (out / "data").mkdir()
-        self.records: list[dict] = []
-        self.lines: list[bytes] = []
-        self.extras: list[str | None] = []
-        self.turn_extras: list[str | None] = []
-        self.pending = 0  # bytes of the buffered lines
+        self.stats = CardStats()
+        self.parts: list[_Part] = []  # the row group being filled
+        self.pending = 0  # bytes of its lines
+        self.untyped = False  # it holds a line Arrow's reader cannot type
         self.shards: list[Path] = []
         self.writer: pq.ParquetWriter | None = None
-        self.stats = CardStats()
         self.slow_batches = 0
+        self.buffer: list[bytes] = []  # lines given one at a time by add(), read as a block
+        self.sizes: list[int] = []
+        self.buffered = 0
 
     def add(self, record: dict, raw: bytes = b"") -> None:
-        self.stats.add(record)
-        self.records.append(record)
-        self.lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
-        extra, turns = _extras(record)
-        self.extras.append(extra)
-        self.turn_extras.extend(turns)
-        self.pending += len(raw)
+        """A line the export already read and kept (when other formats are written beside this one)."""
+        raw = raw or json.dumps(record, ensure_ascii=False).encode()
+        self.buffer.append(raw if raw.endswith(b"\n") else raw + b"\n")
+        self.sizes.append(len(raw))
+        self.buffered += len(raw)
+        if self.buffered >= BATCH_SOURCE_BYTES:
+            self._add_buffer()
+
+    def _add_buffer(self) -> None:
+        if self.buffer:
+            self._add_block(read_block(self.buffer, self.sizes), Filters(), SourceCounts())
+            self.buffer, self.sizes, self.buffered = [], [], 0
+
+    def add_lines(self, blocks: Iterator[tuple[list[bytes], list[int]]], filters: Filters, counts: SourceCounts) -> int:
+        """The run's lines in blocks (RunSource.line_blocks), counted into `counts` as RunSource.trajectories() and
+        the filters would count them, the kept ones added; returns how many were kept.
+
+        The next block is read and typed by Arrow in a thread (which the reader runs without the GIL) while this
+        one is checked and written: on two cores most of the reading hides behind the rest.
+        """
+
+        def read_next() -> Block | None:
+            item = next(blocks, None)
+            return None if item is None else read_block(*item)
+
+        kept = 0
+        with ThreadPoolExecutor(1, thread_name_prefix="parquet-read") as pool:
+            ahead = pool.submit(read_next)
+            while (block := ahead.result()) is not None:
+                ahead = pool.submit(read_next)
+                kept += self._add_block(block, filters, counts)
+        return kept
+
+    def _add_block(self, block: Block, filters: Filters, counts: SourceCounts) -> int:
+        lines, table = block.lines, block.table
+        scans = [scan(lines[i]) if r >= 0 else None for i, r in enumerate(block.row)]
+        python = [s is None or s.python for s in scans]
+        if sum(python) > PYTHON_LINES_PER_BLOCK:
+            python = [True] * len(lines)
+        if table is not None:
+            unknown = columns.unknown_tools(table).tolist()
+            why = columns.rejections(table, filters)
+            turns = columns.assistant_turns(table)
+            stats_table = table.select(_STATS_COLUMNS)
+        run: list[int] = []  # rows of table whose statistics are added together, in order
+        kept = 0
+        for i, row in enumerate(block.row):
+            record = None
+            if python[i]:
+                record = parse_line(lines[i])
+                if record is None:
+                    counts.not_json += 1
+                    continue
+                if unknown_tools(record.get("conversations") or []):
+                    counts.unknown_tool += 1
+                    continue
+                counts.trajectories += 1
+                reason = filters.rejects(record)
+            else:
+                if unknown[row]:
+                    counts.unknown_tool += 1
+                    continue
+                counts.trajectories += 1
+                reason = why[row]
+            if reason:
+                counts.filtered[reason] += 1
+                continue
+            kept += 1
+            if record is None:
+                run.append(row)
+            else:
+                if run:
+                    self._add_stats(stats_table, turns, run)
+                    run = []
+                self.stats.add(record)
+            self._keep(block, i, row, record, scans[i])
+        if run:
+            self._add_stats(stats_table, turns, run)
+        return kept
+
+    def _add_stats(self, table: pa.Table, turns, rows: list[int]) -> None:
+        whole = len(rows) == table.num_rows  # rows are increasing: all of them, in order
+        columns.add_stats(self.stats, table if whole else table.take(rows), turns if whole else turns[rows])
+
+    def _keep(self, block: Block, i: int, row: int, record: dict | None, found) -> None:
+        if not self.parts or self.parts[-1].block is not block:
+            self.parts.append(_Part(block))
+        part = self.parts[-1]
+        part.rows.append(row)
+        part.lines.append(block.lines[i])
+        part.records.append(record)
+        if row < 0:
+            self.untyped = True
+        elif record is not None:
+            part.extras.append(line_extra(record))
+            part.turn_extras.extend(turn_extras(record))
+        else:
+            part.extras.append(found.extra)
+            part.turn_extras.extend(found.turn_extras)
+        self.pending += block.sizes[i]
         if self.pending >= BATCH_SOURCE_BYTES:
             self._flush()
 
-    def _fast_table(self) -> pa.Table:
-        """The batch through Arrow's JSON reader (C++, threaded): the bulk of the speed of a large export."""
-        data = b"".join(self.lines)
-        table = paj.read_json(
-            io.BytesIO(data),
-            read_options=paj.ReadOptions(block_size=len(data) + 1),  # one block: half the CPU of several (measured)
-            parse_options=paj.ParseOptions(explicit_schema=JSON_SCHEMA, unexpected_field_behavior="ignore"),
-        )
-        conv = table.column("conversations").combine_chunks()
-        if len(conv) != len(self.records) or conv.null_count:
-            raise ValueError("rows do not line up")
-        turns = conv.flatten()
-        if len(turns) != len(self.turn_extras) or turns.null_count:
-            raise ValueError("turns do not line up")
-        fields = [turns.field(i) for i in range(turns.type.num_fields)] + [pa.array(self.turn_extras, _s)]
-        turns = pa.StructArray.from_arrays(fields, fields=list(TURN))
-        offsets = pc.subtract(conv.offsets, conv.offsets[0])
-        columns = []
-        for f in SCHEMA:
-            if f.name == "conversations":
-                columns.append(pa.ListArray.from_arrays(offsets, turns, type=f.type))
-            elif f.name == "extra":
-                columns.append(pa.array(self.extras, _s))
-            elif f.name in ("completed", "partial"):
-                columns.append(table.column(f.name).fill_null(False))
-            elif f.name == "sample_index":
-                columns.append(table.column(f.name).fill_null(0))
-            else:
-                columns.append(table.column(f.name))
-        return pa.Table.from_arrays(columns, schema=SCHEMA)
+    def _table(self) -> pa.Table:
+        if not self.untyped:
+            try:
+                tables = [typed_rows(_rows(p), p.extras, p.turn_extras) for p in self.parts]
+                return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+            except (pa.ArrowException, ValueError):  # e.g. text Arrow cannot hold: row by row, as for untyped lines
+                pass
+        self.slow_batches += 1
+        records = [
+            r if r is not None else parse_line(line)
+            for p in self.parts
+            for r, line in zip(p.records, p.lines, strict=True)
+        ]
+        return python_rows(records)
 
     def _flush(self) -> None:
-        if not self.records:
+        if not self.parts:
             return
-        try:
-            table = self._fast_table()
-        except (pa.ArrowException, ValueError):
-            # A line Arrow's reader cannot type (a number where text belongs, an old shape): row by row instead.
-            self.slow_batches += 1
-            try:
-                table = pa.Table.from_pylist([to_row(r) for r in self.records], schema=SCHEMA)
-            except (
-                UnicodeEncodeError
-            ):  # a lone surrogate from the endpoint: Arrow text must be UTF-8, so it becomes "?"
-                clean = [json.loads(json.dumps(r, ensure_ascii=False).encode("utf-8", "replace")) for r in self.records]
-                table = pa.Table.from_pylist([to_row(r) for r in clean], schema=SCHEMA)
-        self.records, self.lines, self.extras, self.turn_extras, self.pending = [], [], [], [], 0
+        table = self._table()
+        self.parts, self.pending, self.untyped = [], 0, False
         if self.writer is None:
             path = self.out / "data" / f"shard-{len(self.shards):05d}.parquet"
             self.shards.append(path)
@@ -244,6 +196,7 @@ class Writer:
             self.writer = None
 
     def finish(self) -> dict:
+        self._add_buffer()
         self._flush()
         if self.writer is not None:
             self.writer.close()
@@ -256,3 +209,9 @@ class Writer:
         body = card_body(self.ctx, self.stats, SCHEMA, n)
         write_card(self.out / "README.md", "", "data/train-*", body)
         return {"written": self.stats.rows, "shards": n, "row_by_row_batches": self.slow_batches}
+
+
+def _rows(part: _Part) -> pa.Table:
+    table = part.block.table
+    whole = len(part.rows) == table.num_rows  # rows are increasing: all of them, in order
+    return table if whole else table.take(part.rows)

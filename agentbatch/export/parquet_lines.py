@@ -1,0 +1,229 @@
+"""A block of lines read once for the `parquet` export: Arrow's JSON reader types each line it can, and a key scan
+finds what the reader leaves out (fields outside the schema, keys that change a statistic) without a full parse.
+
+The scan uses msgspec (`batch-runner[export]`) to list a line's keys and keep their values as raw JSON: only
+the values of extra fields are parsed. Without msgspec, or for a line the scan cannot vouch for, the caller
+parses the whole line in Python (`Scan.python`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as paj
+
+from agentbatch.export.common import parse_json
+from agentbatch.export.parquet_rows import COLUMNS, JSON_SCHEMA, TURN_KEYS, USAGE_KEYS
+from toolset_distributions import ALL_TOOL_NAMES
+
+try:
+    import msgspec
+except ImportError:  # the scan then vouches for no line: every line is parsed in Python, as fast as before it
+    msgspec = None
+
+_PARSE = paj.ParseOptions(explicit_schema=JSON_SCHEMA, unexpected_field_behavior="ignore")
+_KNOWN = COLUMNS | {"conversations"}
+_TOOLS = frozenset(ALL_TOOL_NAMES)
+_ORDER = {name: i for i, name in enumerate(ALL_TOOL_NAMES)}
+
+
+@dataclass
+class Block:
+    """Lines, and for each the row Arrow typed it as in `table` (-1: a line Arrow's reader cannot type)."""
+
+    lines: list[bytes]
+    sizes: list[int]  # bytes of each line as read (the row groups are cut on these)
+    table: pa.Table | None = None
+    row: list[int] = field(default_factory=list)
+
+
+def read_block(lines: list[bytes], sizes: list[int]) -> Block:
+    """Type every line Arrow's reader can: the whole block at once, halves of it around lines it cannot."""
+    block = Block(lines, sizes, row=[-1] * len(lines))
+    tables: list[pa.Table] = []
+    _read(block, 0, len(lines), tables)
+    if tables:
+        block.table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+    return block
+
+
+def _read(block: Block, lo: int, hi: int, tables: list[pa.Table]) -> None:
+    data = b"".join(block.lines[lo:hi])
+    table = None
+    # Arrow's reader keeps bytes that are not UTF-8 as they are, where Python's JSON parser refuses the line.
+    if data.isascii() or _utf8(data):
+        try:
+            # One block per call: half the CPU of letting the reader cut it into several (measured).
+            table = paj.read_json(io.BytesIO(data), paj.ReadOptions(block_size=len(data) + 1), _PARSE)
+        except pa.ArrowInvalid:
+            pass
+    if table is None or table.num_rows != hi - lo:  # a line Arrow cannot type (or two objects on one line)
+        if hi - lo > 1:
+            mid = (lo + hi) // 2
+            _read(block, lo, mid, tables)
+            _read(block, mid, hi, tables)
+        return
+    conv = table.column("conversations").combine_chunks()
+    bad = conv.is_null().to_numpy(zero_copy_only=False)
+    turns = conv.flatten()
+    if turns.null_count:  # a turn that is null: not a line Arrow's columns can carry
+        parents = pc.list_parent_indices(conv).to_numpy()
+        bad[parents[turns.is_null().to_numpy(zero_copy_only=False)]] = True
+    if bad.any():
+        table = table.filter(pa.array(~bad))
+    start = sum(t.num_rows for t in tables)
+    for k, i in enumerate(np.flatnonzero(~bad).tolist()):
+        block.row[lo + i] = start + k
+    tables.append(table)
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@dataclass
+class Scan:
+    """What a typed line holds beyond Arrow's columns."""
+
+    extra: str | None = None
+    turn_extras: list[str | None] = field(default_factory=list)
+    python: bool = False  # parse this line in Python for its filters, statistics and extras
+
+
+_PYTHON = Scan(python=True)
+
+
+if msgspec is not None:
+    _Raw = msgspec.Raw
+
+    class _Turn(msgspec.Struct, forbid_unknown_fields=True):
+        """A turn with no field beyond TURN's (values kept raw, never parsed)."""
+
+        from_: _Raw = msgspec.field(name="from", default=_Raw())
+        value: _Raw = _Raw()
+        tool_calls: _Raw = _Raw()
+        tool_call_id: _Raw = _Raw()
+        name: _Raw = _Raw()
+        logprobs: _Raw = _Raw()  # beyond TURN's, on lines of --logprobs runs: its only extra field when present
+
+    class _Usage(msgspec.Struct, forbid_unknown_fields=True):
+        prompt_tokens: _Raw = _Raw()
+        completion_tokens: _Raw = _Raw()
+        total_tokens: _Raw = _Raw()
+        cost: _Raw = _Raw()
+
+    class _Line(msgspec.Struct, forbid_unknown_fields=True):
+        """A line with no field beyond the schema's: one pass over it, nothing parsed but the keys."""
+
+        conversations: list[_Turn] = []
+        usage: _Usage | None = None
+        tool_stats: dict[str, _Raw] | None = None
+        tool_error_counts: dict[str, _Raw] | None = None
+        prompt_index: _Raw = _Raw()
+        sample_index: _Raw = _Raw()
+        metadata: _Raw = _Raw()
+        completed: _Raw = _Raw()
+        partial: _Raw = _Raw()
+        stop_reason: _Raw = _Raw()
+        api_calls: _Raw = _Raw()
+        toolsets_used: _Raw = _Raw()
+        tools: _Raw = _Raw()
+        reward: _Raw = _Raw()
+        passed: _Raw = _Raw()
+        check: _Raw = _Raw()  # beyond the schema's, on every line of a current run: its only extra field
+
+    _LINE = msgspec.json.Decoder(_Line)
+    _OBJECT = msgspec.json.Decoder(dict[str, _Raw] | None)
+    _TURNS = msgspec.json.Decoder(list[dict[str, _Raw]])
+
+
+def scan(line: bytes) -> Scan:
+    """The extra fields of a line Arrow typed, found by listing its keys (values stay raw JSON unless extra)."""
+    if msgspec is None:
+        return _PYTHON
+    try:
+        known = _LINE.decode(line)
+    except msgspec.ValidationError:  # a field beyond the schema's somewhere (Arrow typed the rest)
+        return _scan_keys(line)
+    except msgspec.DecodeError:
+        return _PYTHON
+    if known.tool_stats and not _in_registry_order(known.tool_stats):
+        return _PYTHON  # the card's tool-call counts follow a line's own key order and count every key
+    if known.tool_error_counts and not known.tool_error_counts.keys() <= _TOOLS:
+        return _PYTHON  # --export_no_tool_errors sums every key
+    try:
+        extra = _extra_text("check", known.check)
+        turns = [_extra_text("logprobs", t.logprobs) for t in known.conversations]
+    except ValueError:
+        return _PYTHON
+    return Scan(extra=extra, turn_extras=turns)
+
+
+_TEXTS: dict[tuple[str, bytes], str] = {}  # the same small values recur line after line (a line without a check)
+
+
+def _extra_text(key: str, raw) -> str | None:
+    """`{key: value}` as the extra column's JSON text, None when the field is absent (an empty Raw)."""
+    if not raw:
+        return None
+    if len(raw) > 256:  # large and seldom repeated (logprobs): not worth keeping
+        return _dumps({key: _value(raw)})
+    data = bytes(raw)
+    text = _TEXTS.get((key, data))
+    if text is None:
+        if len(_TEXTS) > 1024:
+            _TEXTS.clear()
+        text = _TEXTS[key, data] = _dumps({key: _value(data)})
+    return text
+
+
+def _scan_keys(line: bytes) -> Scan:
+    try:
+        top = _OBJECT.decode(line)
+        turns = _TURNS.decode(top["conversations"])
+        usage = _OBJECT.decode(top["usage"]) if "usage" in top else None
+        stats = _OBJECT.decode(top["tool_stats"]) if "tool_stats" in top else None
+        errors = _OBJECT.decode(top["tool_error_counts"]) if "tool_error_counts" in top else None
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return _PYTHON
+    if stats and not _in_registry_order(stats):
+        return _PYTHON
+    if errors and not errors.keys() <= _TOOLS:
+        return _PYTHON
+    if usage and "cost" not in usage and "cost_usd" in usage:
+        return _PYTHON  # the card's cost falls back to cost_usd
+    try:
+        extra = {k: _value(v) for k, v in top.items() if k not in _KNOWN} if top.keys() - _KNOWN else {}
+        if usage and usage.keys() - USAGE_KEYS:
+            extra["usage"] = {k: _value(v) for k, v in usage.items() if k not in USAGE_KEYS}
+        out = Scan(extra=_dumps(extra))
+        for t in turns:
+            more = t.keys() - TURN_KEYS
+            out.turn_extras.append(_dumps({k: _value(v) for k, v in t.items() if k in more}) if more else None)
+    except ValueError:
+        return _PYTHON
+    return out
+
+
+def _in_registry_order(keys: dict) -> bool:
+    if len(keys) == len(ALL_TOOL_NAMES) and tuple(keys) == ALL_TOOL_NAMES:
+        return True
+    order = [_ORDER.get(k, -1) for k in keys]
+    return -1 not in order and order == sorted(order)
+
+
+def _value(raw) -> object:
+    return parse_json(bytes(raw))
+
+
+def _dumps(obj: dict) -> str | None:
+    return json.dumps(obj, ensure_ascii=False) if obj else None
