@@ -290,12 +290,12 @@ def test_a_dead_workers_sandboxes_are_cleaned_by_the_parent(tmp_path, sandbox, p
 
 
 def _worker_of(runner: int) -> int:
-    """The runner's worker process (a spawned python child that is not the resource tracker)."""
+    """The runner's worker process (forked, and named br-worker; or spawned, with multiprocessing's command line)."""
     import psutil
 
     for child in psutil.Process(runner).children():
         cmd = " ".join(child.cmdline())
-        if "multiprocessing" in cmd and "resource_tracker" not in cmd:
+        if child.name() == "br-worker" or ("multiprocessing" in cmd and "resource_tracker" not in cmd):
             return child.pid
     raise AssertionError("no worker process found")
 

@@ -47,11 +47,11 @@ def test_merging_counted_lines_equals_reading_every_line_back(tmp_path):
     stats, kept = RunStats(), Counter()
     lines = [
         record(10),
-        record(11, tool="terminal"),  # the first line with a tool call: it leads trajectories.jsonl
+        record(11, tool="terminal"),
         record(12, text=f"it echoed {SECRET}"),  # written redacted: not the record in memory
         record(13, text="lone \ud800 surrogate"),  # written as its escape
         record(14, tool="not_a_tool"),  # the merge filters it
-        record(15, tool="terminal"),
+        record(15, tool="terminal"),  # the newest batch's kept line with a tool call: it leads trajectories.jsonl
     ]
     counted = []
     for n, r in ((1, lines[0]), (1, lines[1]), (1, lines[2]), (2, lines[3]), (2, lines[4]), (2, lines[5])):
@@ -75,7 +75,7 @@ def test_merging_counted_lines_equals_reading_every_line_back(tmp_path):
     assert (report.kept, report.unknown_tool, report.not_json) == (reread.kept, reread.unknown_tool, 0) == (8, 1, 0)
     assert stats.to_dict() == reread_stats.to_dict() and kept == reread_kept
     first = json.loads(merged.splitlines()[0])
-    assert first["prompt_index"] == 11 and SECRET.encode() not in merged
+    assert first["prompt_index"] == 15 and SECRET.encode() not in merged
 
 
 def test_a_counted_line_changed_on_disk_is_read_back(tmp_path):

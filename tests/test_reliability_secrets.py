@@ -21,26 +21,20 @@ from scripted_server import ScriptedServer
 
 PROBE = r"""
 import os, sys
-markers = [m.encode() for m in sys.argv[1:]]
+run, markers = sys.argv[1].encode(), [m.encode() for m in sys.argv[2:]]
 
-def cmdline(pid):
+def read(pid, name):
     try:
-        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
+        return open(f"/proc/{pid}/{name}", "rb").read().replace(b"\0", b" ")
     except OSError:
         return b""
 
-def parent(pid):
-    stat = open(f"/proc/{pid}/stat").read()
-    return int(stat[stat.rfind(")") + 2 :].split()[1])
-
-# Up from this command: the worker running the prompt, then the runner that started the worker.
-pid, targets = os.getpid(), {}
-while pid > 1 and len(targets) < 2:
-    pid = parent(pid)
-    if b"spawn_main" in cmdline(pid):
-        targets["worker"] = pid
-    elif b"batch_runner.py" in cmdline(pid):
-        targets["runner"] = pid
+# The command runs in a PID namespace of its own, but /proc is the machine's: find this run's runner (its
+# command line names the run's directory) and its worker (forked from it, named br-worker).
+targets = {}
+for entry in os.listdir("/proc"):
+    if entry.isdigit() and run in read(entry, "cmdline") and b"batch_runner.py" in read(entry, "cmdline"):
+        targets["worker" if read(entry, "comm").strip() == b"br-worker" else "runner"] = int(entry)
 
 def scan(pid):
     try:
@@ -84,6 +78,7 @@ def args_for(data, out, srv, *extra) -> list[str]:
         "--require_reasoning=false",
         "--num_workers=1",
         "--verbose=true",
+        "--sandbox=local",  # these cases are the local sandbox's: its commands run as the runner's user
         *extra,
     ]
 
@@ -118,7 +113,7 @@ def test_a_local_command_cannot_read_the_runner_or_worker_memory(tmp_path):
     key, search_key = marker(), marker("tavily")
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    command = f"{sys.executable} {probe} {key} {search_key}"
+    command = f"{sys.executable} {probe} {tmp_path / 'out'} {key} {search_key}"
     script = [{"tool_calls": [{"name": "terminal", "arguments": {"command": command}}]}, {"content": "probed"}]
     data = write_dataset(tmp_path / "ds.jsonl", ["read the runner's memory"])
     env = cli_env({"OPENROUTER_API_KEY": key, "TAVILY_API_KEY": search_key})

@@ -162,6 +162,7 @@ def test_sandboxes_of_a_dead_owner_are_reaped_and_live_ones_kept(tmp_path):
         "import sys, time; sys.path.insert(0, sys.argv[1])\n"
         "from agentbatch.sandboxes.local import LocalSandbox\n"
         "s = LocalSandbox(containment_method='scan')\n"
+        "s._made()\n"
         "import subprocess\n"
         f"subprocess.Popen(['sleep', '{marker}'], env=s._env, start_new_session=True)\n"
         "print(s._tmp, flush=True)\n"
@@ -172,6 +173,7 @@ def test_sandboxes_of_a_dead_owner_are_reaped_and_live_ones_kept(tmp_path):
     worker = subprocess.Popen([sys.executable, "-c", code, str(ROOT)], stdout=subprocess.PIPE, text=True)
     leftover = worker.stdout.readline().strip()
     live = local.LocalSandbox()
+    live.exec("true", timeout=30)  # a sandbox in use: its directory exists
     try:
         assert pids_with(marker) and sandbox_dirs.owner_alive(leftover.rsplit("/", 1)[1])
         assert leftover not in sandbox_dirs.dead_leftovers()  # its owner still runs

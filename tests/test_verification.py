@@ -4,14 +4,13 @@ that solves some samples and not others; a hanging check; the key out of reach o
 from __future__ import annotations
 
 import json
-import os
-import time
 import uuid
 from collections import Counter
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, first_turn_prompts, run_cli, write_dataset
 from helpers import SequencedServer
+from sandbox_support import wait_gone
 from scripted_server import ScriptedServer
 from verify_helpers import answer, args_for, by_prompt, expected_pass_at_k, sh
 
@@ -105,9 +104,9 @@ def test_rewards_pass_rate_and_pass_at_k_are_exactly_what_the_samples_earned(tmp
 
 
 def test_a_hanging_check_is_killed_at_its_timeout_and_recorded_apart_from_a_fail(tmp_path):
-    pid_file = tmp_path / "check.pid"
+    naps = 300 + uuid.uuid4().int % 10**6  # the hanging sleep, told apart from any other by its length
     rows = [
-        {"prompt": "hangs", "verify": f"echo started; echo $$ > {pid_file}; sleep 300; echo never"},
+        {"prompt": "hangs", "verify": f"echo started; sleep {naps}; echo never"},
         {"prompt": "fails", "verify": "exit 1"},
         {"prompt": "passes", "verify": "exit 0"},
     ]
@@ -124,11 +123,7 @@ def test_a_hanging_check_is_killed_at_its_timeout_and_recorded_apart_from_a_fail
     assert hung["reward"] is None and hung["passed"] is None
     assert hung["check"]["status"] == "timeout" and hung["check"]["exit_code"] is None
     assert hung["check"]["output"] == "started\n" and hung["check"]["seconds"] >= 2
-    pid = int(pid_file.read_text())
-    deadline = time.monotonic() + 30
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not os.path.exists(f"/proc/{pid}"), "the hanging check outlived its timeout"
+    assert wait_gone(str(naps), 30) == [], "the hanging check outlived its timeout"
     o = run.stats()["outcomes"]
     assert (o["checked"], o["passed"], o["failed"], o["timeout"], o["error"]) == (2, 1, 1, 1, 0)
     assert "1 timed out" in done.stdout

@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
-from cli_helpers import RunDir, assert_clean_exit, prompt_of_record, run_cli, thinking, write_dataset
+import os
+import signal
+import time
+
+import psutil
+from cli_helpers import RunDir, prompt_of_record, start_cli, thinking, write_dataset
 from scripted_server import ScriptedServer
 
-SLOW = [thinking("held", latency=2.0)]
-# The terminal's shell is a child of the worker running the prompt: this kills that worker outright.
-KILLER = [{"tool_calls": [{"name": "terminal", "arguments": {"command": "kill -9 $PPID"}}], "latency": 0.3}]
+SLOW = [thinking("held", latency=4.0)]
 
 
 def test_a_dead_worker_fails_exactly_its_prompts_and_a_new_one_runs_the_rest(tmp_path):
     held, later = ["held one", "held two"], ["later one", "later two", "later three"]
+    started = tmp_path / "killer-started"
+    # The killer's command says it runs, then the test kills the worker that runs it (as the OOM killer
+    # would): a command cannot do it itself, each runs in a PID namespace of its own.
+    killer = [{"tool_calls": [{"name": "terminal", "arguments": {"command": f"touch {started}; sleep 60"}}]}]
     write_dataset(tmp_path / "ds.jsonl", ["the killer", *held, *later])
     # Three sessions: one worker process (forked at start) holds the killer and both held prompts.
-    args = ["--dataset_file=ds.jsonl", "--batch_size=10", "--run_name=dies", "--concurrency=3"]
+    args = ["--dataset_file=ds.jsonl", "--batch_size=10", "--run_name=dies", "--concurrency=3", "--sandbox=local"]
     args += ["--distribution=terminal_only", "--require_reasoning=false", "--max_retries=0"]
-    script = {"the killer": KILLER, **{p: SLOW for p in held}}
+    script = {"the killer": killer, **{p: SLOW for p in held}}
     with ScriptedServer(script=script, default_script=[thinking("fine")]) as srv:
-        proc = run_cli(args, tmp_path, srv)
-    assert_clean_exit(proc, code=3)
+        proc = start_cli(args, tmp_path, srv)
+        try:
+            deadline = time.monotonic() + 120
+            while not started.exists():
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+                time.sleep(0.05)
+            [worker] = [p for p in psutil.Process(proc.pid).children() if p.name() == "br-worker"]
+            os.kill(worker.pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=180)
+        finally:
+            proc.kill()
+    assert proc.returncode == 3, err
     run = RunDir(tmp_path / "data" / "dies")
     failed = {f["prompt"]: f["error"] for f in run.failed()}
     assert set(failed) == {"the killer", *held}
