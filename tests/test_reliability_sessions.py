@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import resource
-import signal
 import subprocess
 import time
 from collections import Counter
@@ -29,6 +28,7 @@ from cli_helpers import (
 )
 from fake_site import FakeSite, html_reply
 from scripted_server import ScriptedServer
+from test_crash_resume import kill_group
 
 from agentbatch.tools import browser_session
 from agentbatch.tools.settings import ToolSettings
@@ -59,14 +59,6 @@ def wait_until(condition, proc: subprocess.Popen | None = None, seconds: float =
             raise AssertionError(f"the run ended first (exit {proc.returncode}): {proc.communicate()[1]}")
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.communicate(timeout=30)
 
 
 def test_a_second_session_is_refused_while_one_runs_in_the_directory(tmp_path):
