@@ -2,8 +2,10 @@
 
 A user step holds the prompt; each model reply is an agent step with its reasoning, tool calls and, as its
 observation, the results of those calls. Arguments that are not a JSON object become `{}` with the text the
-model wrote in the call's `extra.raw_arguments`. Everything of the line that ATIF has no field for is kept in
-the document's `extra` (and a reply's own extra fields, e.g. logprobs, in its step's `metrics` and `extra`).
+model wrote in the call's `extra.raw_arguments`. A reply's logprobs go in its step's `metrics`: `logprobs` and
+`completion_token_ids` where ATIF has them (its logprobs are floats: a list holding a null goes to
+`metrics.extra.logprobs` instead), the token texts in `metrics.extra.tokens`. Everything else of the line that
+ATIF has no field for is kept in the document's `extra` (the outcome among it) and a turn's in its step's `extra`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentbatch.export.common import ExportContext, parsed_tools, split_arguments, write_card
+from agentbatch.export.common import ExportContext, outcome, parsed_tools, split_arguments, turn_logprobs, write_card
 from trajectory import split_think_block
 
 SCHEMA_VERSION = "ATIF-v1.8"
@@ -63,24 +65,36 @@ def _version() -> str:
         return "0"
 
 
+def _numbers(values, kind) -> bool:
+    return isinstance(values, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in values)
+
+
 def step_metrics(turn: dict) -> dict | None:
-    """Per-reply token figures, where the line has them (issue 15's logprobs, a reply's own usage)."""
+    """Per-reply token figures, where the line has them: the reply's logprobs (and usage, if a turn carries it)."""
     metrics: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     usage = turn.get("usage")
     if isinstance(usage, dict):
-        for ours, theirs in (("prompt_tokens", "prompt_tokens"), ("completion_tokens", "completion_tokens")):
-            if isinstance(usage.get(ours), int):
-                metrics[theirs] = usage[ours]
+        for key in ("prompt_tokens", "completion_tokens"):
+            if isinstance(usage.get(key), int):
+                metrics[key] = usage[key]
         if isinstance(usage.get("cost"), (int, float)):
             metrics["cost_usd"] = float(usage["cost"])
-    logprobs = turn.get("logprobs")
-    if isinstance(logprobs, list) and logprobs:
-        values = [lp.get("logprob") if isinstance(lp, dict) else lp for lp in logprobs]
-        if all(isinstance(v, (int, float)) for v in values):
+    logprobs = turn_logprobs(turn)
+    if logprobs is not None:
+        values, ids = logprobs.get("logprobs"), logprobs.get("token_ids")
+        if values and _numbers(values, (int, float)):
             metrics["logprobs"] = [float(v) for v in values]
-    for key in ("token_ids", "completion_token_ids"):
-        if isinstance(turn.get(key), list) and all(isinstance(t, int) for t in turn[key]):
-            metrics["completion_token_ids"] = turn[key]
+        elif values:  # a null (a server's -inf) or other value ATIF's list of floats cannot hold
+            extra["logprobs"] = values
+        if ids and _numbers(ids, int):
+            metrics["completion_token_ids"] = ids
+        elif ids:
+            extra["token_ids"] = ids
+        extra["tokens"] = logprobs.get("tokens")
+        extra.update({k: v for k, v in logprobs.items() if k not in ("tokens", "logprobs", "token_ids")})
+    if extra:
+        metrics["extra"] = extra
     return metrics or None
 
 
@@ -111,6 +125,8 @@ def to_document(record: dict, run_name: str, number: int) -> dict:
             metrics = step_metrics(t)
             if metrics:
                 step["metrics"] = metrics
+            if turn_logprobs(t) is not None:
+                extra.pop("logprobs")  # in the step's metrics
             if extra:
                 step["extra"] = extra
             steps.append(step)
@@ -138,7 +154,7 @@ def to_document(record: dict, run_name: str, number: int) -> dict:
     other_usage = {k: v for k, v in usage.items() if k not in ("prompt_tokens", "completion_tokens", "total_tokens")}
     if other_usage:
         final["extra"]["usage"] = other_usage
-    doc_extra = {k: v for k, v in record.items() if k not in _MOVED_KEYS}
+    doc_extra = {**outcome(record), **{k: v for k, v in record.items() if k not in _MOVED_KEYS}}
     session = f"{run_name}/{record.get('prompt_index')}/{record.get('sample_index', 0)}"
     agent = {"name": AGENT_NAME, "version": _version(), "tool_definitions": parsed_tools(record)}
     if model:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from trajectory import first_human, unknown_tools
+from trajectory import first_human, no_check, unknown_tools
 
 try:  # 3-5x faster than json on long lines: most of a large export's time is parsing (bench/RESULTS.md, (7))
     from orjson import loads as _loads
@@ -264,6 +264,35 @@ def parsed_tools(record: dict) -> list[dict]:
         except ValueError:
             return []
     return [t for t in tools or () if isinstance(t, dict)]
+
+
+def outcome(record: dict) -> dict:
+    """The line's `sample_index`, `reward`, `passed` and `check` as written, with the neutral values of lines
+    written before them (sample 0, no check), so every exported line has all four."""
+    sample = record.get("sample_index")
+    fields = {"sample_index": sample if isinstance(sample, int) and not isinstance(sample, bool) else 0}
+    fields.update(no_check())
+    fields.update({k: record[k] for k in ("reward", "passed", "check") if k in record})
+    return fields
+
+
+def turn_logprobs(turn: dict) -> dict | None:
+    """A gpt turn's `{"tokens", "logprobs", "token_ids"}` (README, "Token log probabilities"), None without them."""
+    logprobs = turn.get("logprobs")
+    return logprobs if isinstance(logprobs, dict) else None
+
+
+def outcome_text(record: dict, model_turns: list[dict]) -> str:
+    """The `extra` field of formats whose loaders type columns from the first lines they read (LLaMA-Factory's,
+    the original agent's): the outcome and, when any model turn has them, each one's logprobs, as JSON text.
+
+    Text is one type on every line, where a reward first seen after a block of nulls would fail such a load.
+    """
+    fields = {k: v for k, v in outcome(record).items() if k != "sample_index"}
+    logprobs = [turn_logprobs(t) for t in model_turns]
+    if any(logprobs):
+        fields["logprobs"] = logprobs
+    return json.dumps(fields, ensure_ascii=False)
 
 
 def write_jsonl_line(f, obj: dict) -> None:

@@ -24,7 +24,7 @@ COLUMN_NOTES = {
     "tools": "the function schemas offered, as JSON text",
     "reward": "the check's reward, null when the line has none",
     "passed": "whether the check passed, null when the line has none",
-    "extra": "every other field of the line (e.g. the verification object) as JSON text",
+    "extra": "every other field of the line (e.g. the `check` object) as JSON text",
 }
 
 

@@ -2,8 +2,8 @@
 
 The tool list goes in a leading system turn (<tools>…</tools>, in the Hermes function-calling prompt), every gpt
 turn starts with a <think> block (empty when the model did not reason), tool calls are <tool_call> blocks in
-the gpt value, and all results of one reply form one `tool` turn of <tool_response> blocks. A line has exactly
-the original's keys.
+the gpt value, and all results of one reply form one `tool` turn of <tool_response> blocks. A line has the
+original's keys, plus `sample_index` and `extra` (the outcome and logprobs as JSON text, common.outcome_text).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentbatch.export.common import ExportContext, parsed_tools, write_card, write_jsonl_line
+from agentbatch.export.common import ExportContext, outcome, outcome_text, parsed_tools, write_card, write_jsonl_line
 from trajectory import split_think_block
 
 FILE = "data.jsonl"
@@ -58,6 +58,10 @@ FEATURES = """\
     dtype: json
   - name: tool_error_counts
     dtype: json
+  - name: sample_index
+    dtype: int64
+  - name: extra
+    dtype: string
 """
 
 
@@ -123,6 +127,9 @@ def to_line(record: dict) -> dict:
     line["conversations"] = turns
     line["tool_stats"] = record.get("tool_stats") or {}
     line["tool_error_counts"] = record.get("tool_error_counts") or {}
+    line["sample_index"] = outcome(record)["sample_index"]
+    # One gpt turn here per gpt turn of the line, in order: logprobs line up with them.
+    line["extra"] = outcome_text(record, [t for t in record.get("conversations") or () if t.get("from") == "gpt"])
     return line
 
 
@@ -140,7 +147,8 @@ class Writer:
         self.f.close()
         body = (
             f"# {self.ctx.run_name}: Hermes agent trajectories\n\n"
-            f"{self.written} trajectories in `{FILE}`, in the form the original agent's batch runner writes. "
+            f"{self.written} trajectories in `{FILE}`, in the form the original agent's batch runner writes, "
+            "plus `sample_index` and `extra` (JSON text: `reward`, `passed`, `check` and the gpt turns' `logprobs`). "
             "Written by batch-runner's `--export=hermes`.\n"
         )
         write_card(self.out / "README.md", FEATURES, FILE, body)

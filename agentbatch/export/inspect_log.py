@@ -3,7 +3,9 @@
 Every trajectory is a sample (id: its prompt index, epoch: its sample index + 1) with its messages, tool
 calls, usage and an `outcome` score (answered, max_turns, length, context, invalid_tools, discarded or
 failed); discarded prompts appear with their reason, and prompts that only failed appear once, with their
-last error as the sample's error. A check's reward, where lines have one, is the `check` score.
+last error as the sample's error. A check that gave a result is the `check` score (its reward; passed, the
+check and the sample index in its metadata), summed up in the log's results; a reply's logprobs are in its
+message's metadata, and the last reply's also in the output choice when every one is a number.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agentbatch.export.common import ExportContext, split_arguments
+from agentbatch.export.common import ExportContext, split_arguments, turn_logprobs
+from agentbatch.export.common import outcome as outcome_fields
 from trajectory import result_succeeded, split_think_block
 
 # Our stop_reason → the nearest of Inspect's stop reasons for the last model output.
@@ -47,6 +50,8 @@ class Writer:
         self.outcomes: dict[str, int] = {}
         self.ids: set[tuple[str, int]] = set()
         self.models: dict[str, Any] = {}
+        self.rewards: list[float] = []
+        self.verdicts: list[bool] = []
 
     def add(self, record: dict, raw: bytes = b"") -> None:
         self._add(record, str(record.get("stop_reason") or ("answered" if record.get("completed") else "max_turns")))
@@ -95,7 +100,15 @@ class Writer:
                             parse_error=None if raw is None else f"arguments are not a JSON object: {raw}",
                         )
                     )
-                messages.append(m.ChatMessageAssistant(content=parts, tool_calls=calls or None, model=model_name))
+                logprobs = turn_logprobs(t)
+                messages.append(
+                    m.ChatMessageAssistant(
+                        content=parts,
+                        tool_calls=calls or None,
+                        model=model_name,
+                        metadata={"logprobs": logprobs} if logprobs is not None else None,
+                    )
+                )
             elif kind == "tool":
                 value = t.get("value") or ""
                 error = None if result_succeeded(value) else tool.ToolCallError("unknown", value)
@@ -120,15 +133,20 @@ class Writer:
         )
         last = next((x for x in reversed(messages) if isinstance(x, m.ChatMessageAssistant)), None)
         choices = (
-            [m.ChatCompletionChoice(message=last, stop_reason=STOP_REASONS.get(outcome, "unknown"))] if last else []
+            [
+                m.ChatCompletionChoice(
+                    message=last, stop_reason=STOP_REASONS.get(outcome, "unknown"), logprobs=self._logprobs(last)
+                )
+            ]
+            if last
+            else []
         )
         explanation = record.get("discard_reason") or error
         scores = {"outcome": self.scorer.Score(value=outcome, explanation=explanation)}
-        if isinstance(record.get("reward"), (int, float)) or isinstance(record.get("passed"), bool):
-            reward = record.get("reward")
-            value = float(reward) if isinstance(reward, (int, float)) else float(bool(record.get("passed")))
-            scores["check"] = self.scorer.Score(value=value, metadata={"passed": record.get("passed")})
-        metadata = {k: v for k, v in record.items() if k not in _CORE}
+        check = self._check_score(record)
+        if check is not None:
+            scores["check"] = check
+        metadata = {**outcome_fields(record), **{k: v for k, v in record.items() if k not in _CORE}}
         metadata.update(outcome=outcome, batch_num=meta.get("batch_num"), timestamp=meta.get("timestamp"))
         if record.get("discard_reason"):
             metadata["discard_reason"] = record["discard_reason"]
@@ -157,6 +175,40 @@ class Writer:
             total.input_tokens += usage.input_tokens
             total.output_tokens += usage.output_tokens
             total.total_tokens += usage.total_tokens
+
+    def _check_score(self, record: dict):
+        """The `check` score: the reward, or 1/0 from the verdict; None when the check gave no result (none,
+        timeout, error), which the sample's metadata still shows."""
+        reward, passed = record.get("reward"), record.get("passed")
+        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+            value = float(reward)
+        elif isinstance(passed, bool):
+            value = float(passed)
+        else:
+            return None
+        self.rewards.append(value)
+        if isinstance(passed, bool):
+            self.verdicts.append(passed)
+        fields = outcome_fields(record)
+        check = fields["check"] if isinstance(fields["check"], dict) else {}
+        return self.scorer.Score(
+            value=value,
+            answer="passed" if passed is True else "failed" if passed is False else None,
+            explanation=str(check.get("output") or "") or None,
+            metadata=fields,
+        )
+
+    def _logprobs(self, message):
+        """The output choice's logprobs, from the reply's own (Inspect's are numbers: None if one is null)."""
+        logprobs = (message.metadata or {}).get("logprobs") if message is not None else None
+        if not logprobs:
+            return None
+        tokens, values = logprobs.get("tokens") or [], logprobs.get("logprobs") or []
+        if len(tokens) != len(values) or not all(isinstance(v, (int, float)) for v in values):
+            return None
+        return self.model.Logprobs(
+            content=[self.model.Logprob(token=str(t), logprob=float(v)) for t, v in zip(tokens, values, strict=True)]
+        )
 
     def finish(self) -> dict:
         log = self.log
@@ -188,10 +240,20 @@ class Writer:
             results=log.EvalResults(
                 total_samples=n,
                 completed_samples=n - failed,
-                scores=[log.EvalScore(name="outcome", scorer="outcome", metrics=metrics)],
+                scores=[log.EvalScore(name="outcome", scorer="outcome", metrics=metrics), *self._check_results()],
             ),
             stats=log.EvalStats(started_at=created, completed_at=created, model_usage=self.models),
             samples=self.samples,
         )
         log.write_eval_log(eval_log, str(self.out / f"{ctx.run_name}.eval"))
         return {"written": n, "outcomes": dict(self.outcomes)}
+
+    def _check_results(self) -> list:
+        """The `check` scorer's figures over the samples it scored: mean reward and pass rate."""
+        if not self.rewards:
+            return []
+        log = self.log
+        metrics = {"mean": log.EvalMetric(name="mean", value=sum(self.rewards) / len(self.rewards))}
+        if self.verdicts:
+            metrics["pass_rate"] = log.EvalMetric(name="pass_rate", value=sum(self.verdicts) / len(self.verdicts))
+        return [log.EvalScore(name="check", scorer="check", scored_samples=len(self.rewards), metrics=metrics)]

@@ -5,6 +5,8 @@ ones (1-based), ending on a model turn. So the results of one reply's tool calls
 JSON array of the result texts when there are several), a reply that calls tools becomes one `function_call`
 (a JSON array of {name, arguments} when there are several), and the text and reasoning of such a reply go
 before its calls in `<tool_call>…</tool_call>` (the default tool-call words, which LLaMA-Factory strips).
+Beside the columns LLaMA-Factory reads, `sample_index` and `extra` (the outcome and logprobs as JSON text,
+common.outcome_text), which it ignores.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from agentbatch.export.common import ExportContext, parsed_tools, write_card, write_jsonl_line
+from agentbatch.export.common import ExportContext, outcome, outcome_text, parsed_tools, write_card, write_jsonl_line
 
 FILE = "data.jsonl"
 USER_SIDE = ("human", "observation")
@@ -28,6 +30,10 @@ FEATURES = """\
   - name: system
     dtype: string
   - name: tools
+    dtype: string
+  - name: sample_index
+    dtype: int64
+  - name: extra
     dtype: string
 """
 
@@ -83,7 +89,11 @@ def to_line(record: dict) -> tuple[dict | None, str | None]:
         if turn["from"] not in (USER_SIDE, MODEL_SIDE)[position % 2]:
             return None, "turns_out_of_order"
     tools = [t.get("function", t) for t in parsed_tools(record)]
-    return {"conversations": out, "system": system, "tools": json.dumps(tools, ensure_ascii=False)}, None
+    line = {"conversations": out, "system": system, "tools": json.dumps(tools, ensure_ascii=False)}
+    line["sample_index"] = outcome(record)["sample_index"]
+    # Each gpt turn became one model turn (function_call or gpt), in order: logprobs line up with those.
+    line["extra"] = outcome_text(record, [t for t in turns if t.get("from") == "gpt"])
+    return line, None
 
 
 class Writer:
@@ -115,8 +125,9 @@ class Writer:
         body = (
             f"# {name}: LLaMA-Factory sharegpt format\n\n"
             f"{self.written} trajectories in `{FILE}`, registered as `{name}` by `dataset_info.json` "
-            f"(train with `dataset_dir: {self.ctx.run_dir / 'export' / 'llama_factory'}` and `dataset: {name}`). Written by batch-runner's "
-            "`--export=llama_factory`.\n"
+            f"(train with `dataset_dir: {self.ctx.run_dir / 'export' / 'llama_factory'}` and `dataset: {name}`). "
+            "`sample_index` and `extra` (JSON text: `reward`, `passed`, `check` and the model turns' `logprobs`) "
+            "are ignored by LLaMA-Factory. Written by batch-runner's `--export=llama_factory`.\n"
         )
         write_card(self.out / "README.md", FEATURES, FILE, body)
         return {"written": self.written, "skipped": dict(self.skipped)}

@@ -1,7 +1,8 @@
 """`openai`: one line per trajectory, `messages` in OpenAI chat format and `tools` as function schemas.
 
-What OpenAI fine-tuning and TRL's SFTTrainer (through the model's chat template) take. The README.md beside
-the lines declares the schema, so `datasets.load_dataset(DIR)` loads any mix of lines.
+What OpenAI fine-tuning and TRL's SFTTrainer (through the model's chat template) take. Beside them, fields
+the trainers ignore: the outcome (`sample_index`, `reward`, `passed`, `check`) and each assistant message's
+`logprobs`. The README.md beside the lines declares the schema, so `datasets.load_dataset(DIR)` loads any mix.
 """
 
 from __future__ import annotations
@@ -9,7 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentbatch.export.common import ExportContext, parsed_tools, write_card, write_jsonl_line
+from agentbatch.export.common import (
+    ExportContext,
+    outcome,
+    parsed_tools,
+    turn_logprobs,
+    write_card,
+    write_jsonl_line,
+)
 from trajectory import from_openai_messages, to_openai_messages
 
 FILE = "data.jsonl"
@@ -36,22 +44,50 @@ FEATURES = """\
           dtype: string
     - name: tool_call_id
       dtype: string
+    - name: logprobs
+      struct:
+      - name: tokens
+        list: string
+      - name: logprobs
+        list: float64
+      - name: token_ids
+        list: int64
   - name: tools
+    dtype: json
+  - name: sample_index
+    dtype: int64
+  - name: reward
+    dtype: float64
+  - name: passed
+    dtype: bool
+  - name: check
     dtype: json
 """
 
 
 def to_line(record: dict) -> dict:
     """A trajectory line → the openai export line."""
-    return {"messages": to_openai_messages(record.get("conversations") or []), "tools": parsed_tools(record)}
+    conversations = record.get("conversations") or []
+    messages = to_openai_messages(conversations)
+    gpt = [t for t in conversations if t.get("from") == "gpt"]
+    for turn, message in zip(gpt, (m for m in messages if m["role"] == "assistant"), strict=True):
+        logprobs = turn_logprobs(turn)
+        if logprobs is not None:
+            message["logprobs"] = logprobs
+    return {"messages": messages, "tools": parsed_tools(record), **outcome(record)}
 
 
 def to_trajectory(line: dict) -> dict:
-    """An openai export line → the trajectory fields it holds (`conversations`, `tools` as our JSON string)."""
-    return {
-        "conversations": from_openai_messages(line.get("messages") or []),
-        "tools": json.dumps(line.get("tools") or [], ensure_ascii=False),
-    }
+    """An openai export line → the trajectory fields it holds (`conversations` with their logprobs, `tools` as
+    our JSON string, the outcome)."""
+    messages = line.get("messages") or []
+    conversations = from_openai_messages([{k: v for k, v in m.items() if k != "logprobs"} for m in messages])
+    gpt = [t for t in conversations if t.get("from") == "gpt"]
+    for turn, message in zip(gpt, (m for m in messages if m.get("role") == "assistant"), strict=True):
+        if message.get("logprobs") is not None:
+            turn["logprobs"] = message["logprobs"]
+    fields = {k: line[k] for k in ("sample_index", "reward", "passed", "check") if k in line}
+    return {"conversations": conversations, "tools": json.dumps(line.get("tools") or [], ensure_ascii=False), **fields}
 
 
 class Writer:
@@ -70,7 +106,8 @@ class Writer:
             f"# {self.ctx.run_name}: OpenAI chat format\n\n"
             f"{self.written} trajectories, one per line of `{FILE}`: `messages` (user, assistant with "
             "`reasoning_content` and `tool_calls`, tool with `tool_call_id`) and `tools` (the function schemas "
-            "offered). Written by batch-runner's `--export=openai`.\n"
+            "offered), then `sample_index`, `reward`, `passed` and `check` (the verified outcome) and, on assistant "
+            "messages, `logprobs`. Written by batch-runner's `--export=openai`.\n"
         )
         write_card(self.out / "README.md", FEATURES, FILE, body)
         return {"written": self.written}

@@ -1,7 +1,7 @@
 """The rows of the `parquet` export: its one schema, and a batch of lines → one table of it.
 
 A line's own fields are columns, `reward` / `passed` / `usage.cost` null where a line has none, and whatever
-else a line or a turn carries (a verification object, logprobs, fields added later) is JSON text in `extra`.
+else a line or a turn carries (the `check` object, logprobs, fields added later) is JSON text in `extra`.
 Lines Arrow's JSON reader types with JSON_SCHEMA become rows from its columns (`typed_rows`); a row group
 holding any line it cannot type is built row by row from the parsed lines instead (`python_rows`).
 """
