@@ -10,7 +10,7 @@ Run as a script with --fixed-concurrency-cli it is the CLI with pacing off (the 
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import sys
 
 from common import CALLS_PER_PROMPT, Server, check_all_done, report, run_cli, write_dataset
@@ -117,7 +117,11 @@ def fixed_concurrency_cli() -> None:
     from agentbatch.model.client import ModelSettings
     from batch_runner import cli
 
-    launch.ModelSettings = functools.partial(ModelSettings, pacing=False)
+    @dataclasses.dataclass
+    class Unpaced(ModelSettings):
+        pacing: bool = False
+
+    launch.ModelSettings = Unpaced
     cli()
 
 
