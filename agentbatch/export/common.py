@@ -242,6 +242,34 @@ class FormatWriter(Protocol):
     def finish(self) -> dict[str, Any]: ...
 
 
+class JsonlWriter:
+    """A format of one JSON line per trajectory in `file` plus its dataset card; a subclass says how a record
+    becomes a line (`line`) and what the card says (`card`)."""
+
+    file = "data.jsonl"
+    features = ""
+
+    def __init__(self, out: Path, ctx: ExportContext):
+        self.out, self.ctx = out, ctx
+        self.f = open(out / self.file, "w", encoding="utf-8", errors="backslashreplace")
+        self.written = 0
+
+    def line(self, record: dict) -> dict:
+        raise NotImplementedError
+
+    def card(self) -> str:
+        raise NotImplementedError
+
+    def add(self, record: dict, raw: bytes = b"") -> None:
+        write_jsonl_line(self.f, self.line(record))
+        self.written += 1
+
+    def finish(self) -> dict:
+        self.f.close()
+        write_card(self.out / "README.md", self.features, self.file, self.card())
+        return {"written": self.written}
+
+
 def split_arguments(arguments: Any) -> tuple[dict, str | None]:
     """(arguments as an object, the raw text when they are not a JSON object): for formats that require an object."""
     if isinstance(arguments, dict):

@@ -9,9 +9,8 @@ original's keys, plus `sample_index` and `extra` (the outcome and logprobs as JS
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from agentbatch.export.common import ExportContext, outcome, outcome_text, parsed_tools, write_card, write_jsonl_line
+from agentbatch.export.common import JsonlWriter, outcome, outcome_text, parsed_tools
 from trajectory import split_think_block
 
 FILE = "data.jsonl"
@@ -133,23 +132,16 @@ def to_line(record: dict) -> dict:
     return line
 
 
-class Writer:
-    def __init__(self, out: Path, ctx: ExportContext):
-        self.out, self.ctx = out, ctx
-        self.f = open(out / FILE, "w", encoding="utf-8", errors="backslashreplace")
-        self.written = 0
+class Writer(JsonlWriter):
+    features = FEATURES
 
-    def add(self, record: dict, raw: bytes = b"") -> None:
-        write_jsonl_line(self.f, to_line(record))
-        self.written += 1
+    def line(self, record: dict) -> dict:
+        return to_line(record)
 
-    def finish(self) -> dict:
-        self.f.close()
-        body = (
+    def card(self) -> str:
+        return (
             f"# {self.ctx.run_name}: Hermes agent trajectories\n\n"
             f"{self.written} trajectories in `{FILE}`, in the form the original agent's batch runner writes, "
             "plus `sample_index` and `extra` (JSON text: `reward`, `passed`, `check` and the gpt turns' `logprobs`). "
             "Written by batch-runner's `--export=hermes`.\n"
         )
-        write_card(self.out / "README.md", FEATURES, FILE, body)
-        return {"written": self.written}

@@ -8,16 +8,8 @@ the trainers ignore: the outcome (`sample_index`, `reward`, `passed`, `check`) a
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from agentbatch.export.common import (
-    ExportContext,
-    outcome,
-    parsed_tools,
-    turn_logprobs,
-    write_card,
-    write_jsonl_line,
-)
+from agentbatch.export.common import JsonlWriter, outcome, parsed_tools, turn_logprobs
 from trajectory import from_openai_messages, to_openai_messages
 
 FILE = "data.jsonl"
@@ -90,24 +82,17 @@ def to_trajectory(line: dict) -> dict:
     return {"conversations": conversations, "tools": json.dumps(line.get("tools") or [], ensure_ascii=False), **fields}
 
 
-class Writer:
-    def __init__(self, out: Path, ctx: ExportContext):
-        self.out, self.ctx = out, ctx
-        self.f = open(out / FILE, "w", encoding="utf-8", errors="backslashreplace")
-        self.written = 0
+class Writer(JsonlWriter):
+    features = FEATURES
 
-    def add(self, record: dict, raw: bytes = b"") -> None:
-        write_jsonl_line(self.f, to_line(record))
-        self.written += 1
+    def line(self, record: dict) -> dict:
+        return to_line(record)
 
-    def finish(self) -> dict:
-        self.f.close()
-        body = (
+    def card(self) -> str:
+        return (
             f"# {self.ctx.run_name}: OpenAI chat format\n\n"
             f"{self.written} trajectories, one per line of `{FILE}`: `messages` (user, assistant with "
             "`reasoning_content` and `tool_calls`, tool with `tool_call_id`) and `tools` (the function schemas "
             "offered), then `sample_index`, `reward`, `passed` and `check` (the verified outcome) and, on assistant "
             "messages, `logprobs`. Written by batch-runner's `--export=openai`.\n"
         )
-        write_card(self.out / "README.md", FEATURES, FILE, body)
-        return {"written": self.written}
