@@ -43,6 +43,7 @@ class Endpoint:
         self.last_reply: float | None = None
         self.in_flight = 0
         self.peak_in_flight = 0
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each answered request
 
     def delay(self) -> float:
         if self.latency <= 0:
@@ -76,7 +77,23 @@ class Endpoint:
             "first_request": self.first_request,
             "last_reply": self.last_reply,
             "peak_in_flight": self.peak_in_flight,
+            "in_flight_trace": self.trace(),
         }
+
+    def trace(self, step: float = 0.5) -> list[float]:
+        """Mean requests in flight in each `step` seconds from the first request: where a run loses time."""
+        if not self.spans or self.first_request is None:
+            return []
+        origin = self.first_request
+        buckets = [0.0] * (int((max(e for _, e in self.spans) - origin) / step) + 1)
+        for start, end in self.spans:
+            a, b = start - origin, end - origin
+            i = int(a / step)
+            while a < b:
+                edge = min(b, (i + 1) * step)
+                buckets[i] += edge - a
+                a, i = edge, i + 1
+        return [round(x / step, 1) for x in buckets]
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One keep-alive connection: requests in order, each answered after its latency."""
@@ -112,6 +129,7 @@ class Endpoint:
                 finally:
                     self.in_flight -= 1
                 self.last_reply = time.monotonic()
+                self.spans.append((now, self.last_reply))
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:

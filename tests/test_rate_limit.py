@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import urllib.error
@@ -12,7 +13,7 @@ import pytest
 from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
 from scripted_server import ScriptedServer
 
-from agentbatch.model.rate_limit import Pacer, _limits, _seconds, retry_after
+from agentbatch.model.rate_limit import PROBE_DOUBLING, PROBE_WINDOW, Pacer, _limits, _seconds, retry_after
 
 ONE_CALL = [{"content": "answered"}]
 
@@ -69,6 +70,33 @@ def test_the_pacer_opens_for_an_endpoint_without_limits_and_paces_after_a_429():
         pacer.release(pacer.acquire(), 200, {})
     # Six starts at 20 a second are at least five intervals apart (a loaded machine only makes it slower).
     assert time.monotonic() - start >= 5 / 20 * 0.9
+
+
+def test_the_probe_doubles_its_window_until_the_endpoint_answers():
+    """Nothing answered yet: the k-th call starts no sooner than the window has room for it (8, then twice as
+    many every PROBE_DOUBLING seconds), and 256 calls are all under way within a few doublings more."""
+    pacer = Pacer()
+    starts: list[float] = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        ticket = pacer.acquire(deadline=time.monotonic() + 30)
+        with lock:
+            starts.append(ticket)
+
+    threads = [threading.Thread(target=call) for _ in range(256)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(starts) == 256 and None not in starts and pacer.mode == "probe"
+    starts.sort()
+    origin = pacer._probe_start
+    for k, started in enumerate(starts):  # call k (from 0) starts once the window is over k
+        allowed = PROBE_DOUBLING * max(0.0, math.log2(max(k, 1) / PROBE_WINDOW))
+        assert started - origin >= allowed - 0.002, (k, started - origin, allowed)
+    # 256 = 8 * 2 ** 5: five doublings; a loaded machine may add some, not seconds of them.
+    assert starts[-1] - origin < 5 * PROBE_DOUBLING + 2.0
 
 
 def test_a_burst_of_429s_to_calls_sent_together_cuts_the_rate_once():

@@ -1,10 +1,12 @@
 """Pacing of one process's model calls to one endpoint: --concurrency is the ceiling, not the target.
 
-An endpoint is first probed: a few calls, then more as time passes (a window that widens by a call every few
-milliseconds, shared out among the worker processes), so a rate-limited endpoint answers the first excess with
-a 429 before a burst of hundreds is sent. Its first successful answer decides: without rate-limit headers the
-ceiling opens at once; with them (OpenAI's x-ratelimit-*), or after any 429 or overload answer (503, 529),
-calls are paced at a rate.
+An endpoint is first probed: a few calls, then twice as many every PROBE_DOUBLING seconds until something
+answers (TCP's slow start, the window shared out among the worker processes). A refusal is answered quickly
+(no tokens are generated for it), so a rate-limited endpoint answers the first call beyond its allowance with
+a 429 while the window is still about the allowance's size, not hundreds of calls past it; an endpoint
+without limits has the whole --concurrency within a few tenths of a second. The first answer decides:
+a success without rate-limit headers opens the ceiling; one with them (OpenAI's x-ratelimit-*), or any 429 or
+overload answer (503, 529), paces the calls at a rate.
 
 Paced, a call starts when it takes a permit, and permits are issued at the rate (one thread wakes per
 permit). The rate follows AIMD: an answer 429 or overloaded cuts it by BACKOFF (once per round of calls:
@@ -22,6 +24,7 @@ import contextlib
 import email.utils
 import hashlib
 import json
+import math
 import os
 import re
 import threading
@@ -31,16 +34,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-# Calls in flight over all processes before the endpoint has answered anything, and that many more per second
-# of waiting for that answer; each process takes its share.
+# Calls in flight over all processes before the endpoint has answered anything, doubled every PROBE_DOUBLING
+# seconds of waiting for that answer; each process takes its share.
 PROBE_WINDOW = 8
-PROBE_GROWTH = 100.0
+PROBE_DOUBLING = 0.025
 BACKOFF = 0.8  # the rate after a 429, as a share of the rate before
 # With headers: the rate changes by GAIN × (share of requests left - TARGET_LEFT) per second (GAIN_DOWN below
 # the target), so the processes, all seeing the same count, together keep the endpoint's allowance from
-# running dry: it drains quickly, so they slow down faster than they speed up.
+# running dry. The count refills only as fast as the rate falls below the endpoint's, so a steep descent
+# overshoots: at 3× GAIN, a run whose probe had used the allowance's burst kept 0.90-0.92 of the endpoint's
+# rate (bench (11)); at half of GAIN, 1.07. The 429s, each a cut, stop a descent that is too slow.
 GAIN = 1.0
-GAIN_DOWN = 3.0
+GAIN_DOWN = 0.5
 TARGET_LEFT = 0.2
 # Without headers: per second, within RECENT seconds of the last 429, and after.
 GROWTH = 0.1
@@ -77,6 +82,7 @@ class Pacer:
         self._cond = threading.Condition(lock)  # the calls waiting for their turn
         self._issuer_cond = threading.Condition(lock)  # the permit issuer, waiting for a permit to be taken
         self._in_flight = 0
+        self._waiting = 0  # calls waiting for their turn
         self._probe_start: float | None = None
         self._permits = 0
         self._paused_until = 0.0
@@ -102,7 +108,11 @@ class Pacer:
                     return now
                 if deadline is not None:
                     wait = min(wait, deadline - now)
-                self._cond.wait(max(wait, 0.001))
+                self._waiting += 1
+                try:
+                    self._cond.wait(max(wait, 0.001))
+                finally:
+                    self._waiting -= 1
 
     def release(self, ticket: float, status: int, headers: Mapping[str, str] | None) -> None:
         """The call that started at `ticket` ended with this HTTP status (0: no answer) and these headers."""
@@ -142,8 +152,7 @@ class Pacer:
                 if known:  # another worker already found the endpoint's rate: start paced at our share of it
                     self._pace(now, Limits(known, 0.0, 0.0))
                     return 0.0
-            window = max(1.0, (PROBE_WINDOW + PROBE_GROWTH * (now - self._probe_start)) * self.share)
-            return None if self._in_flight < window else 0.01
+            return _probe_wait(self._in_flight, self._waiting, now - self._probe_start, self.share)
         if self._permits > 0:
             self._permits -= 1
             self._issuer_cond.notify()
@@ -216,6 +225,19 @@ class Pacer:
         while self._successes and self._successes[0] < now - MEASURE_SECONDS:
             self._successes.popleft()
         return len(self._successes) / MEASURE_SECONDS
+
+
+def _probe_wait(in_flight: int, waiting: int, elapsed: float, share: float) -> float | None:
+    """None if one more call fits the probe's window `elapsed` seconds in, else how long this one should wait.
+
+    A call that must wait sleeps until the window has room for it behind the calls already waiting, so each
+    of hundreds of waiting threads wakes about once instead of all of them at every widening.
+    """
+    base = PROBE_WINDOW * share
+    if in_flight < max(1.0, base * 2 ** (elapsed / PROBE_DOUBLING)):
+        return None
+    # The window holds n calls once base * 2 ** (t / PROBE_DOUBLING) reaches n.
+    return max(0.001, PROBE_DOUBLING * math.log2((in_flight + waiting + 1) / base) - elapsed)
 
 
 def shared_limits_path(directory: str | None, base_url: str) -> str | None:
