@@ -63,6 +63,9 @@ class RunFiles:
         # Path → offset → length of the lines this session appended and its caller
         # accounted for: the merge copies them as they are instead of reading each back (see append).
         self._accounted: dict[str, dict[int, int]] = {}
+        # Path → VALUE_KINDS → offset of the first accounted line there showing it: what the merge's search
+        # for lead entries would find in a file this session wrote alone, known without reading it.
+        self._kind_lines: dict[str, dict[str, int]] = {}
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -156,6 +159,10 @@ class RunFiles:
             return False
         length = os.fstat(f.fileno()).st_size - size
         self._accounted.setdefault(path, {})[size] = length
+        firsts = self._kind_lines.setdefault(path, {})
+        if len(firsts) < len(VALUE_KINDS):
+            for kind in shown_kinds(obj).difference(firsts):
+                firsts[kind] = size
         return True
 
     def sync(self) -> None:
@@ -245,13 +252,13 @@ class RunFiles:
             raise
         return report
 
-    def _merge_into(self, tmp: str, leads: dict[tuple[int, int], bytes], report: MergeReport, on_record) -> None:
+    def _merge_into(self, tmp: str, leads: dict[tuple[str, int], bytes], report: MergeReport, on_record) -> None:
         with open(tmp, "wb", buffering=1 << 20) as out:
             for raw in leads.values():
                 out.write(raw)
             for n in self.batch_numbers():
                 path = self.batch_path(n)
-                for i, (raw, record) in enumerate(_iter_lines(path, report, self._accounted.get(path))):
+                for offset, raw, record in _lines(path, report, self._accounted.get(path)):
                     if record is ACCOUNTED:  # written by this session, checked when it was (see append)
                         line = raw
                     elif record is NOT_JSON:
@@ -267,18 +274,29 @@ class RunFiles:
                         line = _merged_line(raw, record)
                         if on_record:
                             on_record(record)
-                    if (n, i) not in leads:
+                    if (path, offset) not in leads:
                         out.write(line if line.endswith(b"\n") else line + b"\n")
                     report.kept += 1
             out.flush()
             os.fsync(out.fileno())
 
-    def _lead_entries(self) -> dict[tuple[int, int], bytes]:
-        """(batch, line position) → line of the entries the merge keeps that show a kind no other lead did."""
-        leads: dict[tuple[int, int], bytes] = {}
+    def _lead_entries(self) -> dict[tuple[str, int], bytes]:
+        """(batch path, offset) → line of the entries the merge keeps that show a kind no other lead did.
+
+        A batch file this session wrote alone is not read: append noted where each kind first shows in it,
+        so a run whose lines never show some kind (no logprobs, no checks) does not read every file twice.
+        """
+        leads: dict[tuple[str, int], bytes] = {}
         missing = set(VALUE_KINDS)
         for n in reversed(self.batch_numbers()):
-            for i, raw in enumerate(_iter_raw(self.batch_path(n))):
+            path = self.batch_path(n)
+            accounted = self._accounted.get(path)
+            if accounted and sum(accounted.values()) == _size(path):
+                missing -= self._known_leads(path, accounted, missing, leads)
+                if not missing:
+                    return leads
+                continue
+            for offset, raw, _ in _lines(path, None, None, parse=False):
                 if not may_show(raw, missing):
                     continue  # most lines: no JSON parsing
                 try:
@@ -290,11 +308,40 @@ class RunFiles:
                 new = shown_kinds(record) & missing
                 if new:
                     line = _merged_line(raw, record)
-                    leads[n, i] = line if line.endswith(b"\n") else line + b"\n"
+                    leads[path, offset] = line if line.endswith(b"\n") else line + b"\n"
                     missing -= new
                     if not missing:
                         return leads
         return leads
+
+    def _known_leads(self, path: str, accounted: dict[int, int], missing: set[str], leads: dict) -> set[str]:
+        """The leads a search of `path` (every line this session's) would take, from append's notes; their kinds."""
+        firsts = {kind: offset for kind, offset in self._kind_lines.get(path, {}).items() if kind in missing}
+        found: set[str] = set()
+        for offset in sorted(set(firsts.values())):
+            line = _read_line(path, offset, accounted[offset])
+            if line is not None:
+                leads[path, offset] = line
+                found.update(kind for kind, at in firsts.items() if at == offset)
+        return found
+
+
+def _read_line(path: str, offset: int, length: int) -> bytes | None:
+    """The whole line this session appended at `offset`, or None if the file no longer holds it."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            line = f.read(length)
+    except OSError:
+        return None
+    return line if len(line) == length and line.endswith(b"\n") else None
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
 
 
 def _merged_line(raw: bytes, record: dict) -> bytes:
@@ -382,12 +429,6 @@ def _lines(
             except (ValueError, RecursionError):  # not JSON, or nested past any sane depth
                 record = NOT_JSON
             yield at, raw, record
-
-
-def _iter_raw(path: str) -> Iterator[bytes]:
-    """The non-blank lines of a file, as bytes (a missing file has none)."""
-    for _offset, raw, _record in _lines(path, None, None, parse=False):
-        yield raw
 
 
 def _lock_holder(fd: int) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from agentbatch import run_files
 from agentbatch.run_files import RunFiles, prompt_key
 from agentbatch.run_statistics import RunStats
 from trajectory import first_human
@@ -88,3 +89,40 @@ def test_a_counted_line_changed_on_disk_is_read_back(tmp_path):
     seen = []
     report = files.merge(lambda r: seen.append(r["prompt_index"]))
     assert report.kept == 2 and seen == [2]
+
+
+def test_batches_a_session_wrote_alone_are_not_searched_for_leads(tmp_path, monkeypatch):
+    """The lead entries come from append's notes for files this session wrote alone (a kind none of its lines
+    shows, here logprobs, is looked for only in the earlier session's file); the output is byte for byte what
+    reading every line back gives."""
+    earlier = RunFiles(str(tmp_path))
+    earlier.prepare()
+    old = record(0)
+    old["conversations"][1]["logprobs"] = {"content": [{"token": "a", "logprob": -0.5}]}
+    earlier.append(earlier.batch_path(0), old, kept=True)
+    earlier.append(earlier.batch_path(0), record(1), kept=True)
+    earlier.close()
+
+    session = RunFiles(str(tmp_path))
+    for n, i, tool in ((1, 10, None), (1, 11, "terminal"), (2, 12, None), (2, 13, None), (2, 14, "terminal")):
+        assert session.append(session.batch_path(n), record(i, tool=tool), kept=True)
+    session.close()
+
+    searched, lines = [], run_files._lines
+
+    def spy(path, report, accounted=None, parse=True):
+        if not parse:
+            searched.append(path.rsplit("/", 1)[-1])
+        return lines(path, report, accounted, parse)
+
+    monkeypatch.setattr(run_files, "_lines", spy)
+    session.merge()
+    merged = (tmp_path / "trajectories.jsonl").read_bytes()
+    assert searched == ["batch_0.jsonl"]
+
+    (tmp_path / "trajectories.jsonl").unlink()
+    RunFiles(str(tmp_path)).merge()
+    assert merged == (tmp_path / "trajectories.jsonl").read_bytes()
+    leads = [json.loads(line)["prompt_index"] for line in merged.splitlines()[:2]]
+    assert leads == [14, 0]  # the newest batch's tool call, then the only logprobs
+    assert searched == ["batch_0.jsonl", "batch_2.jsonl", "batch_1.jsonl", "batch_0.jsonl"]
