@@ -21,7 +21,6 @@ rate grows slowly for a few seconds after a 429, then faster.
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import hashlib
 import json
 import math
@@ -317,6 +316,8 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
         try:
             return max(float(value), 0.0)
         except ValueError:
+            import email.utils  # an HTTP date: rare, and ~7 ms of start-up to import
+
             when = email.utils.parsedate_to_datetime(value)
             return max((when - datetime.now(when.tzinfo or UTC)).total_seconds(), 0.0)
     except (TypeError, ValueError, OverflowError):
