@@ -78,6 +78,7 @@ class Endpoint:
             "last_reply": self.last_reply,
             "peak_in_flight": self.peak_in_flight,
             "in_flight_trace": self.trace(),
+            "first_second_trace": self.trace(0.05)[:20],
         }
 
     def trace(self, step: float = 0.5) -> list[float]:

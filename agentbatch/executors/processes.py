@@ -163,7 +163,8 @@ class LocalExecutor:
         for _ in range(processes):
             self.workers.append(_Worker(ctx, cfg, threads, self._parent_ends()))
         self._running: Iterator[PromptOutcome] | None = None
-        self._closed = False
+        self._stopped = False  # told to stop (or killed)
+        self._closed = False  # and waited for
 
     def run(
         self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
@@ -172,12 +173,19 @@ class LocalExecutor:
         return self._running
 
     def close(self) -> None:
-        """Stop the workers: idle ones are told to finish, ones still holding prompts are killed."""
+        """Stop the workers and wait for them: idle ones are told to finish, ones still holding prompts are killed.
+
+        A run whose prompts all came back told its workers to finish then (see _outcomes) and waits for them
+        only here, after the merge: their exit (hundreds of threads joined) overlaps it.
+        """
         if self._running is not None:
-            self._running.close()  # its finally shuts the workers down
+            self._running.close()  # its finally tells the workers to stop
+        if not self._stopped:
+            self._stopped = True
+            _stop(self.workers, None)
         if not self._closed:
             self._closed = True
-            _shutdown(self.workers, None)
+            _join(self.workers)
 
     def _parent_ends(self) -> list[Connection]:
         return [c for w in self.workers for c in (w.tasks, w.results)]
@@ -211,8 +219,8 @@ class LocalExecutor:
                         w.close()
                         workers[i] = _Worker(self._spawn, self.cfg, self.threads, [])
         finally:
-            self._closed = True
-            _shutdown(workers, slots)
+            self._stopped = True
+            _stop(workers, slots)
 
 
 def _drain(conn: Connection, timeout: float) -> tuple[list[PromptOutcome], bool]:
@@ -226,12 +234,15 @@ def _drain(conn: Connection, timeout: float) -> tuple[list[PromptOutcome], bool]
     return out, False
 
 
-def _shutdown(workers: list[_Worker], slots: Slots | None) -> None:
+def _stop(workers: list[_Worker], slots: Slots | None) -> None:
     for i, w in enumerate(workers):
         if slots is not None and slots.held[i]:  # interrupted with prompts in flight: do not wait for them
             w.process.kill()
         else:
             w.send(_STOP)
+
+
+def _join(workers: list[_Worker]) -> None:
     for w in workers:
         w.process.join(timeout=10)
         if w.process.is_alive():
