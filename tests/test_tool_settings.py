@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from cli_helpers import assert_clean_exit, run_cli, write_dataset
 
 from agentbatch.errors import FatalError
+from agentbatch.tools import registry
 from agentbatch.tools import settings as tool_settings
 from agentbatch.tools.settings import ENVIRONMENT, from_environment
 
@@ -77,3 +81,32 @@ def test_a_bad_setting_stops_the_cli_before_anything_runs(tmp_path):
     assert_clean_exit(done, 2)
     assert done.stderr.strip() == "error: WEB_TIMEOUT must be a positive number, got 'soon'"
     assert not (tmp_path / "r").exists()
+
+
+def test_the_tools_a_run_leaves_out_are_worked_out_once_when_many_sessions_start_together(monkeypatch):
+    """Hundreds of sessions start at once and each asks which tools it may offer: one thread works it out
+    (a check may look for a package on disk), the others wait for its answer instead of repeating it."""
+    calls = []
+
+    def slow_check(settings):
+        calls.append(1)
+        time.sleep(0.01)
+        return None
+
+    tools = {name: dataclasses.replace(t, unavailable=slow_check) for name, t in registry.load_tools().items()}
+    monkeypatch.setattr(registry, "load_tools", lambda: dict(tools))
+    settings = tool_settings.ToolSettings()
+    start = threading.Barrier(32)
+    offered = []
+
+    def session() -> None:
+        start.wait()
+        offered.append([t.name for t in registry.offered_tools(["terminal", "file"], settings)])
+
+    threads = [threading.Thread(target=session) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(offered) == 32 and all(names == offered[0] for names in offered) and "terminal" in offered[0]
+    assert len(calls) == len(tools)  # each tool checked once, not once per session
