@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 # Calls in flight over all processes before the endpoint has answered anything, doubled every PROBE_DOUBLING
 # seconds of waiting for that answer; each process takes its share.
 PROBE_WINDOW = 8
-PROBE_DOUBLING = 0.05
+PROBE_DOUBLING = 0.025
 BACKOFF = 0.8  # the rate after a 429, as a share of the rate before
 # With headers: the rate changes by GAIN × (share of requests left - TARGET_LEFT) per second (GAIN_DOWN below
 # the target), so the processes, all seeing the same count, together keep the endpoint's allowance from
