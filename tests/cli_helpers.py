@@ -45,12 +45,12 @@ def run_cli(args: list[str], cwd, server=None, timeout: float = RUN_TIMEOUT, env
     )
 
 
-def start_cli(args: list[str], cwd, server=None) -> subprocess.Popen:
+def start_cli(args: list[str], cwd, server=None, env: dict | None = None) -> subprocess.Popen:
     """Start the CLI in its own process group, so a test can kill it and every worker at once."""
     return subprocess.Popen(
         cli_command(args, server),
         cwd=str(cwd),
-        env=cli_env(),
+        env=cli_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

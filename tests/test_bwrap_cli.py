@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cli_helpers import RunDir, assert_clean_exit, cli_command, cli_env, run_cli, write_dataset
+from cli_helpers import RunDir, assert_clean_exit, run_cli, start_cli, write_dataset
 from fake_site import FakeSite
 from sandbox_support import new_marker, pids_with, settings_for, wait_gone
 from scripted_server import ScriptedServer
@@ -117,14 +117,7 @@ def test_a_probing_model_finds_no_runner_no_key_and_no_way_out(tmp_path):
     args += ["--model=m", "--require_reasoning=false", "--distribution=terminal_only", "--num_workers=1"]
     args += [f"--api_key={secret}", "--max_turns=20"]
     with ScriptedServer(script={"probe": probing([os.getpid()])}) as srv:
-        runner = subprocess.Popen(
-            cli_command(args, srv),
-            cwd=tmp_path,
-            env=cli_env({"OPENROUTER_API_KEY": secret}),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        runner = start_cli(args, tmp_path, srv, env={"OPENROUTER_API_KEY": secret})
         # The probes aim at the runner itself; the script is read per request, and the first reply
         # (the same either way) comes long before the runner's workers could ask for the second.
         srv.script["probe"] = probing([runner.pid, os.getpid()])
@@ -265,14 +258,7 @@ def test_a_dead_workers_sandboxes_are_cleaned_by_the_parent(tmp_path, sandbox, p
     args += ["--model=m", "--require_reasoning=false", "--distribution=terminal_only", "--num_workers=1"]
     args += [f"--sandbox={sandbox}", "--command_timeout=120", "--max_retries=0"]
     with ScriptedServer(script=script) as srv:
-        proc = subprocess.Popen(
-            cli_command(args, srv),
-            cwd=tmp_path,
-            env=cli_env({"TMPDIR": str(private_tmp)}),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = start_cli(args, tmp_path, srv, env={"TMPDIR": str(private_tmp)})
         try:
             deadline = time.monotonic() + 60
             while len(pids_with(f"{marker}3")) == 0 and time.monotonic() < deadline:
@@ -312,14 +298,7 @@ def test_a_double_ctrl_c_leaves_no_sandbox_behind(tmp_path, sandbox, private_tmp
     args += ["--model=m", "--require_reasoning=false", "--distribution=terminal_only", "--num_workers=2"]
     args += ["--concurrency=3", f"--sandbox={sandbox}", "--command_timeout=120"]
     with ScriptedServer(script=script) as srv:
-        proc = subprocess.Popen(
-            cli_command(args, srv),
-            cwd=tmp_path,
-            env=cli_env({"TMPDIR": str(private_tmp)}),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = start_cli(args, tmp_path, srv, env={"TMPDIR": str(private_tmp)})
         try:
             deadline = time.monotonic() + 60
             while not all(pids_with(f"sleep {marker}9{i}") for i in range(3)) and time.monotonic() < deadline:
