@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from agentbatch.model import addresses
+
 if TYPE_CHECKING:
     import ssl
 
@@ -179,8 +181,7 @@ class Connection:
 
     def _connect(self, deadline: float | None) -> None:
         self.close()
-        address = (self.origin.host, self.origin.port)
-        sock = socket.create_connection(address, timeout=self._timeout_left(deadline))
+        sock = addresses.connect(self.origin.host, self.origin.port, self._timeout_left(deadline))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.origin.scheme == "https":
