@@ -4,6 +4,7 @@
 (9)  fixed overhead at 120 prompts × 2 calls at 0.5 s, --concurrency=64: process start to the first request
      at the endpoint, plus the last reply to the process's exit; and where that time goes, phase by phase.
 (10)  1,024 sessions: 5,000 prompts × 3 calls at 1 s ± 20 %, --concurrency=1024; (10b) 2,000 × 3 at 256.
+     Beside each: the same requests from bench/bare_client.py (nothing but HTTP) and the schedule's own floor.
 
 The layouts of (8) and the phase marks of (9) come from bench/cli_variants.py, the CLI with one thing changed.
 """
@@ -158,6 +159,23 @@ def schedule_floor(
     return sum(floors) / runs
 
 
+def bare_client(n: int, conc: int) -> dict:
+    """bench/bare_client.py's wall time for the same prompts, calls and endpoint as (10): what is left of the
+    figure with everything a runner does taken away, measured on this machine beside the runner."""
+    with Server(latency=1.0, jitter=0.2, asyncio=True) as srv:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        cmd = [sys.executable, str(Path(__file__).with_name("bare_client.py")), "--base_url", srv.base_url]
+        started = time.monotonic()
+        out = subprocess.run(
+            [*cmd, f"--prompts={n}", f"--concurrency={conc}"], capture_output=True, text=True, env=env, check=True
+        )
+        wall = time.monotonic() - started
+    counts = json.loads(out.stdout)
+    if counts["done"] != n or counts["answered"] != n:
+        raise RuntimeError(f"bare client: {n} prompts asked, {counts}")
+    return dict(counts, wall=wall)
+
+
 def bench_sessions(results: dict, which: set[str]) -> None:
     """(10) 5,000 × 3 at concurrency 1,024 and (10b) 2,000 × 3 at 256, 1 s ± 20 %."""
     for key, n, conc, target in (("10", 5000, 1024, 1.10), ("10b", 2000, 256, 1.08)):
@@ -172,14 +190,16 @@ def bench_sessions(results: dict, which: set[str]) -> None:
         ideal = n * 3 * 1.0 / conc
         ratio = r["wall"] / ideal
         floor = schedule_floor(n, conc)
+        bare = bare_client(n, conc)
         peak = r["peak_rss"]
-        results[f"sessions_{conc}"] = dict(r, ideal=ideal, floor=floor)
+        results[f"sessions_{conc}"] = dict(r, ideal=ideal, floor=floor, bare=bare)
         report(
             results,
             f"sessions_{conc}",
             f"({key}) {n} prompts x 3 calls at 1 s +-20 %, concurrency {conc}: wall {r['wall']:.1f} s (run phase "
-            f"{r['run_seconds']:.1f} s), ideal {ideal:.2f} s, ratio {ratio:.3f} (a runner without overhead: {floor:.3f}, "
-            f"see schedule_floor); at most "
+            f"{r['run_seconds']:.1f} s), ideal {ideal:.2f} s, ratio {ratio:.3f}; the same requests and nothing else "
+            f"(bare_client.py): {bare['wall'] / ideal:.3f}, so the runner takes {r['wall'] / bare['wall']:.3f}x a bare "
+            f"client; a schedule without any overhead: {floor:.3f} (schedule_floor); at most "
             f"{r['endpoint']['peak_in_flight']} requests in flight; peak RSS {peak / MIB:.0f} MiB over "
             f"{r['peak_procs']} processes; CPU: runner {r['cpu']:.1f} s, endpoint {r['server_cpu']:.1f} s; "
             f"failed {r['prompts']['failed']} [target <= {target}: {'met' if ratio <= target else 'NOT met'}; "

@@ -50,3 +50,24 @@ def test_the_bench_endpoint_gives_the_scripted_servers_replies(tmp_path):
     finally:
         endpoint.terminate()
         endpoint.wait(timeout=30)
+
+
+def test_the_bare_client_asks_every_call_of_every_prompt_in_turn(tmp_path):
+    """bench/bare_client.py, (10)'s floor: each prompt's calls follow the script to its answer."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    endpoint = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "async_endpoint.py"), "--default_script", str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = endpoint.stdout.readline().split()[1]
+        client = [sys.executable, str(ROOT / "bench" / "bare_client.py"), "--base_url", base]
+        out = subprocess.run([*client, "--prompts=20", "--concurrency=8", "--calls=2"], capture_output=True, text=True)
+        assert json.loads(out.stdout) == {"done": 20, "calls": 40, "answered": 20, "failed": 0, "errors": 0}, out.stderr
+        with urllib.request.urlopen(base.rsplit("/v1", 1)[0] + "/_timings", timeout=30) as r:
+            assert json.loads(r.read())["requests"] == 40
+    finally:
+        endpoint.terminate()
+        endpoint.wait(timeout=30)
