@@ -356,8 +356,8 @@ class Session:
 
     def _finish(self, state: str) -> dict:
         """Checkpoint, merge, and statistics computed from the files themselves."""
+        self._checkpoint(state=state)  # syncs the batch files first: "finished" only once every line is on disk
         self.files.close()
-        self._checkpoint(state=state)
         stats, outcomes, kept, discarded = self._stats, self._outcomes, self._kept, Counter()
 
         def on_kept(record: dict) -> None:
