@@ -9,7 +9,7 @@ import os
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -243,25 +243,25 @@ class FormatWriter(Protocol):
 
 
 class JsonlWriter:
-    """A format of one JSON line per trajectory in `file` plus its dataset card; a subclass says how a record
-    becomes a line (`line`) and what the card says (`card`)."""
+    """A format of one JSON line per trajectory in `file` plus its dataset card. A format is data: its
+    `features`, how a record becomes a line (`to_line`, a staticmethod) and its card's text (`card_text`, with
+    {run_name}, {written} and {file} filled in)."""
 
     file = "data.jsonl"
     features = ""
+    card_text = ""
+    to_line: Callable[[dict], dict]
 
     def __init__(self, out: Path, ctx: ExportContext):
         self.out, self.ctx = out, ctx
         self.f = open(out / self.file, "w", encoding="utf-8", errors="backslashreplace")
         self.written = 0
 
-    def line(self, record: dict) -> dict:
-        raise NotImplementedError
-
     def card(self) -> str:
-        raise NotImplementedError
+        return self.card_text.format(run_name=self.ctx.run_name, written=self.written, file=self.file)
 
     def add(self, record: dict, raw: bytes = b"") -> None:
-        write_jsonl_line(self.f, self.line(record))
+        write_jsonl_line(self.f, self.to_line(record))
         self.written += 1
 
     def finish(self) -> dict:

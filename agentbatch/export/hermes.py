@@ -13,7 +13,6 @@ import json
 from agentbatch.export.common import JsonlWriter, outcome, outcome_text, parsed_tools
 from trajectory import split_think_block
 
-FILE = "data.jsonl"
 # The Hermes function-calling system prompt, as the original runner writes it (its text is part of the format).
 SYSTEM_PROMPT = (
     "You are a function calling AI model. You are provided with function signatures within <tools> </tools> "
@@ -134,14 +133,10 @@ def to_line(record: dict) -> dict:
 
 class Writer(JsonlWriter):
     features = FEATURES
-
-    def line(self, record: dict) -> dict:
-        return to_line(record)
-
-    def card(self) -> str:
-        return (
-            f"# {self.ctx.run_name}: Hermes agent trajectories\n\n"
-            f"{self.written} trajectories in `{FILE}`, in the form the original agent's batch runner writes, "
-            "plus `sample_index` and `extra` (JSON text: `reward`, `passed`, `check` and the gpt turns' `logprobs`). "
-            "Written by batch-runner's `--export=hermes`.\n"
-        )
+    to_line = staticmethod(to_line)
+    card_text = (
+        "# {run_name}: Hermes agent trajectories\n\n"
+        "{written} trajectories in `{file}`, in the form the original agent's batch runner writes, "
+        "plus `sample_index` and `extra` (JSON text: `reward`, `passed`, `check` and the gpt turns' `logprobs`). "
+        "Written by batch-runner's `--export=hermes`.\n"
+    )

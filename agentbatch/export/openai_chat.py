@@ -12,7 +12,6 @@ import json
 from agentbatch.export.common import JsonlWriter, outcome, parsed_tools, turn_logprobs
 from trajectory import from_openai_messages, to_openai_messages
 
-FILE = "data.jsonl"
 FEATURES = """\
   - name: messages
     list:
@@ -84,15 +83,11 @@ def to_trajectory(line: dict) -> dict:
 
 class Writer(JsonlWriter):
     features = FEATURES
-
-    def line(self, record: dict) -> dict:
-        return to_line(record)
-
-    def card(self) -> str:
-        return (
-            f"# {self.ctx.run_name}: OpenAI chat format\n\n"
-            f"{self.written} trajectories, one per line of `{FILE}`: `messages` (user, assistant with "
-            "`reasoning_content` and `tool_calls`, tool with `tool_call_id`) and `tools` (the function schemas "
-            "offered), then `sample_index`, `reward`, `passed` and `check` (the verified outcome) and, on assistant "
-            "messages, `logprobs`. Written by batch-runner's `--export=openai`.\n"
-        )
+    to_line = staticmethod(to_line)
+    card_text = (
+        "# {run_name}: OpenAI chat format\n\n"
+        "{written} trajectories, one per line of `{file}`: `messages` (user, assistant with "
+        "`reasoning_content` and `tool_calls`, tool with `tool_call_id`) and `tools` (the function schemas "
+        "offered), then `sample_index`, `reward`, `passed` and `check` (the verified outcome) and, on assistant "
+        "messages, `logprobs`. Written by batch-runner's `--export=openai`.\n"
+    )
