@@ -14,9 +14,13 @@ from typing import Any
 from agentbatch import flag_checks as check
 from agentbatch.errors import FatalError
 from agentbatch.export import check_formats
+from agentbatch.model import numbers
 from toolset_distributions import TOOLSETS, get_distribution
 
 Check = Callable[[str, Any], Any]
+# Samples in flight (and sandboxes started at once): capacity.py finds how many this machine can hold.
+MAX_SAMPLES_IN_FLIGHT = 1_000_000
+MAX_PIDS = 4_194_304  # Linux's most process ids (pid_max)
 
 
 def _as_is(name: str, value: Any) -> Any:
@@ -31,8 +35,8 @@ def _optional(fn: Check) -> Check:
     return lambda name, value: None if value is None else fn(name, value)
 
 
-def _int(minimum: int) -> Check:
-    return lambda name, value: check.positive_int(name, value, minimum)
+def _int(minimum: int, maximum: int = 2**31 - 1) -> Check:
+    return check.whole(minimum, maximum)
 
 
 def _toolsets(name: str, value: Any) -> tuple[str, ...]:
@@ -78,8 +82,14 @@ def _t(name: str, default: Any, help: str, check: Check = _text, shown: str | No
 
 
 FLAGS: tuple[Flag, ...] = (
-    _t("dataset_file", None, 'JSONL file, one {"prompt": ...} object per line (see "The dataset")', shown="required"),
-    Flag("batch_size", None, "prompts per batch file", _optional(_int(1)), shown_default="required", kind=int),
+    _t(
+        "dataset_file",
+        None,
+        'JSONL file, one {"prompt": ...} object per line (see "The dataset")',
+        check.input_path,
+        shown="required",
+    ),
+    Flag("batch_size", None, "prompts per batch file", _optional(_int(1, 10**9)), shown_default="required", kind=int),
     _t("run_name", None, "output goes to <output_dir>/<run_name>/", _optional(check.run_name), shown="required"),
     _t(
         "distribution",
@@ -88,14 +98,15 @@ FLAGS: tuple[Flag, ...] = (
         lambda n, v: get_distribution(str(v)),
     ),
     _t("model", "anthropic/claude-sonnet-4.6", "model name at the endpoint; `local` runs the embedded model offline"),
-    _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint"),
+    _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint", check.base_url),
     _t(
         "api_key",
         None,
         "else OPENROUTER_API_KEY, else OPENAI_API_KEY; required for openrouter.ai and api.openai.com",
+        lambda n, v: check.header_safe(f"--{n}", v),
         shown="env",
     ),
-    Flag("max_turns", 10, "model calls per prompt", _int(1)),
+    Flag("max_turns", 10, "model calls per prompt", _int(1, 1_000_000)),
     Flag(
         "max_tokens",
         None,
@@ -107,49 +118,49 @@ FLAGS: tuple[Flag, ...] = (
         "max_tokens_per_prompt",
         None,
         "tokens (prompt + completion, all calls) after which a prompt makes no further model call: `partial`, stop_reason `tokens`",
-        _optional(_int(1)),
+        _optional(_int(1, numbers.MAX_COUNT)),
         kind=int,
     ),
     Flag(
         "max_cost_per_prompt",
         None,
         "USD after which a prompt makes no further model call: `partial`, stop_reason `cost`",
-        _optional(check.positive_float),
+        _optional(check.usd),
         kind=float,
     ),
     Flag(
         "prompt_timeout",
         None,
         "seconds a prompt may run, tools included; its model call or command is cut then: `partial`, stop_reason `time`",
-        _optional(check.positive_float),
+        _optional(check.seconds),
         kind=float,
     ),
     Flag(
         "price_input",
         None,
         "USD per million prompt tokens, for the cost of calls whose endpoint reports none",
-        _optional(check.non_negative_float),
+        _optional(check.price),
         kind=float,
     ),
     Flag(
         "price_output",
         None,
         "USD per million completion tokens, for the cost of calls whose endpoint reports none",
-        _optional(check.non_negative_float),
+        _optional(check.price),
         kind=float,
     ),
     Flag(
         "budget_usd",
         None,
         'spend of the whole run, earlier sessions included, past which no new prompt starts (see "Limits, cost and budget")',
-        _optional(check.positive_float),
+        _optional(check.usd),
         kind=float,
     ),
     Flag(
         "budget_tokens",
         None,
         "tokens of the whole run, earlier sessions included, past which no new prompt starts",
-        _optional(_int(1)),
+        _optional(_int(1, 10**15)),
         kind=int,
     ),
     Flag(
@@ -157,14 +168,14 @@ FLAGS: tuple[Flag, ...] = (
         4,
         "parallel sessions: a worker runs one prompt at a time, as a thread; the threads share at most one "
         "process per core (see Scale)",
-        _int(1),
+        _int(1, MAX_SAMPLES_IN_FLIGHT),
     ),
     Flag(
         "concurrency",
         None,
         "prompts in flight, when given: overrides --num_workers (1,024 work on 2 cores); model calls are paced "
         "below it when the endpoint answers 429 or is overloaded",
-        _optional(_int(1)),
+        _optional(_int(1, MAX_SAMPLES_IN_FLIGHT)),
         shown_default="num_workers",
         kind=int,
     ),
@@ -172,7 +183,7 @@ FLAGS: tuple[Flag, ...] = (
         "sandbox_starts",
         None,
         "sandboxes being created at once over all workers (container starts are paced apart from prompts)",
-        _optional(_int(1)),
+        _optional(_int(1, MAX_SAMPLES_IN_FLIGHT)),
         shown_default="2 × cores",
         kind=int,
     ),
@@ -184,10 +195,15 @@ FLAGS: tuple[Flag, ...] = (
         "progress_seconds",
         10.0,
         "seconds between progress lines when stderr is not a terminal (a terminal gets a live line)",
-        check.positive_float,
+        check.seconds,
     ),
     Flag(
-        "max_samples", None, "only the first N valid dataset entries", _optional(_int(1)), shown_default="all", kind=int
+        "max_samples",
+        None,
+        "only the first N valid dataset entries",
+        _optional(_int(1, 10**12)),
+        shown_default="all",
+        kind=int,
     ),
     Flag("providers_allowed", None, "OpenRouter `provider.only`, comma-separated", check.name_list, kind=str),
     Flag("providers_ignored", None, "OpenRouter `provider.ignore`, comma-separated", check.name_list, kind=str),
@@ -203,7 +219,7 @@ FLAGS: tuple[Flag, ...] = (
         "reasoning_disabled", False, 'ask the model not to reason: sends `reasoning: {effort: "none"}`', check.boolean
     ),
     _t("ephemeral_system_prompt", None, "system prompt sent with every call, never saved"),
-    Flag("log_prefix_chars", 100, "length of prompt previews in --verbose logs", _int(0)),
+    Flag("log_prefix_chars", 100, "length of prompt previews in --verbose logs", _int(0, 1_000_000)),
     _t(
         "prefill_messages_file",
         None,
@@ -221,7 +237,7 @@ FLAGS: tuple[Flag, ...] = (
         "samples_per_prompt",
         1,
         "rollouts of each prompt, each in its own sandbox (`sample_index` 0..N-1); pass@k for k up to N",
-        _int(1),
+        _int(1, 100_000),
     ),
     Flag(
         "require_pass",
@@ -229,7 +245,7 @@ FLAGS: tuple[Flag, ...] = (
         'discard samples whose check did not pass (rows need `verify` or `answer`, see "Verified outcomes")',
         check.boolean,
     ),
-    Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.positive_float),
+    Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.seconds),
     Flag("logprobs", False, "ask for token log probabilities and store them with each assistant turn", check.boolean),
     Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int),
     _t(
@@ -241,32 +257,39 @@ FLAGS: tuple[Flag, ...] = (
     ),
     _t("sandbox_network", "on", "`none`: bwrap and docker sandboxes get no network (local cannot)", check.network),
     _t("sandbox_memory", "1g", "bwrap: data size (heap, private mappings) of each process", check.size("16m")),
-    Flag("sandbox_processes", 256, "bwrap: processes of one command at once", _int(1)),
+    Flag("sandbox_processes", 256, "bwrap: processes of one command at once", _int(1, MAX_PIDS)),
     _t("sandbox_file_size", "1g", "bwrap: largest file a command may write", check.size("1m")),
-    Flag("sandbox_cpu_seconds", 600, "bwrap: CPU seconds of each process", _int(1)),
+    Flag("sandbox_cpu_seconds", 600, "bwrap: CPU seconds of each process", _int(1, int(check.MAX_SECONDS))),
     _t("docker_image", "python:3.11-slim", "default image of the docker sandbox"),
     _t("docker_memory", "1g", "container memory limit (no swap beyond it)", check.docker_memory),
-    Flag("docker_cpus", 1.0, "container CPU limit", check.positive_float),
-    Flag("docker_pids", 256, "container process limit", _int(1)),
-    _t("ray_address", None, "run on a Ray cluster: `local`, `auto` or `ray://host:port`"),
+    Flag("docker_cpus", 1.0, "container CPU limit", check.number(0.01, 1024, "a number of CPUs")),
+    Flag("docker_pids", 256, "container process limit", _int(1, MAX_PIDS)),
+    _t("ray_address", None, "run on a Ray cluster: `local`, `auto` or `ray://host:port`", check.ray_address),
     Flag(
         "request_timeout",
         600.0,
         "seconds a model call may take, connecting to its last byte, before it is retried",
-        check.positive_float,
+        check.seconds,
     ),
     Flag(
         "max_retries",
         5,
         "retries of a model call (429 honouring Retry-After, 408, 409, 5xx, timeouts, dropped connections, "
         "malformed replies; other 4xx fail at once) before the prompt fails",
-        _int(0),
+        _int(0, 100),
     ),
-    Flag("command_timeout", 60.0, "seconds a terminal command may run", check.positive_float),
+    Flag("command_timeout", 60.0, "seconds a terminal command may run", check.seconds),
     Flag("allow_private_urls", False, "let web and browser tools reach private and loopback addresses", check.boolean),
     _t("vision_model", None, "model of vision_analyze and browser_vision", shown="--model"),
     _t("image_model", None, "model of image_generate, which is offered only with one (or IMAGE_MODEL)"),
-    _t("image_base_url", None, "endpoint of image_generate", shown="--base_url"),
+    _t(
+        "image_base_url",
+        None,
+        "endpoint of image_generate; the run's API key goes there only on --base_url's scheme, host and port, "
+        "elsewhere IMAGE_API_KEY does (set it to the run's key to send that key)",
+        check.optional_url,
+        shown="--base_url",
+    ),
     Flag(
         "moa_models",
         None,
@@ -294,7 +317,7 @@ FLAGS: tuple[Flag, ...] = (
         check.boolean,
     ),
     Flag("export_no_tool_errors", False, "leave trajectories with a failed tool call out of the export", check.boolean),
-    Flag("export_min_turns", 0, "leave trajectories with fewer assistant turns out of the export", _int(0)),
+    Flag("export_min_turns", 0, "leave trajectories with fewer assistant turns out of the export", _int(0, 1_000_000)),
     Flag(
         "export_toolsets",
         None,

@@ -64,8 +64,10 @@ def resolve_model(model_path: str | None) -> str:
     if model_path is None:
         return default_model_path()
     path = os.path.abspath(os.path.expanduser(str(model_path)))
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FatalError(f"--local_model_path {model_path} does not exist: give the path of a GGUF model file")
+    if not os.path.isfile(path):  # a directory, or a device or FIFO that would never be read to its end
+        raise FatalError(f"--local_model_path {model_path} is not a regular file: give the path of a GGUF model file")
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
