@@ -12,6 +12,7 @@ import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from agentbatch.errors import FatalError
 
@@ -58,9 +59,32 @@ class ToolSettings:
             return None
         return "no web search backend configured: set " + ", ".join(SEARCH_BACKENDS.values())
 
+    def image_endpoint(self, base_url: str, api_key: str) -> tuple[str, str] | None:
+        """(URL, key) of the images endpoint when it is not the run's own (`base_url`); None when it is.
+
+        A key goes only where it belongs: the run's key (`api_key`) to the run's origin (scheme, host and
+        port), IMAGE_API_KEY to --image_base_url. Another origin without IMAGE_API_KEY gets no key; to send
+        it the run's key, the user sets IMAGE_API_KEY to it.
+        """
+        url = self.image_base_url or base_url
+        if self.image_api_key:
+            return url, self.image_api_key
+        if _origin(url) == _origin(base_url):
+            return None if url == base_url else (url, api_key)
+        return url, ""
+
     def secrets(self) -> tuple[str, ...]:
         """The credentials held here, for redaction."""
         return tuple(s for s in (self.image_api_key, self.search_credential) if s)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return (
+        parts.scheme.lower(),
+        (parts.hostname or "").lower(),
+        parts.port or {"http": 80, "https": 443}.get(parts.scheme),
+    )
 
 
 def _positive(kind: Callable[[str], Any], maximum: float) -> Callable[[str, str], Any]:
