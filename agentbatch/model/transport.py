@@ -416,7 +416,7 @@ class ProxiedConnection:
         try:
             with self._deadline(left), self._client.stream("POST", self._base + path, content=body) as r:
                 declared = r.headers.get("content-length", "")
-                if declared.isdigit() and 0 <= cap < int(declared):
+                if _LENGTH.fullmatch(declared) and 0 <= cap < int(declared):
                     raise BadReply(f"{int(declared)} bytes, over the {cap}-byte reply limit")
                 content = bytearray()
                 for chunk in r.iter_bytes():
