@@ -246,16 +246,18 @@ def read_flag_file(name: str, path: str, what: str) -> bytes:
         raise FatalError(f"{what} {path} does not exist") from None
     except OSError as e:
         raise FatalError(f"cannot read {what} {path}: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
+    try:
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISDIR(kind):
             raise FatalError(f"cannot read {what} {path}: it is a directory")
-        if not stat.S_ISREG(info.st_mode):
+        if not stat.S_ISREG(kind):
             raise FatalError(f"cannot read {what} {path}: not a regular file (--{name} takes a file)")
-        try:
+        with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(MAX_FLAG_FILE_BYTES + 1)
-        except OSError as e:
-            raise FatalError(f"cannot read {what} {path}: {e.strerror}") from None
+    except OSError as e:
+        raise FatalError(f"cannot read {what} {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_FLAG_FILE_BYTES:
         raise FatalError(f"{what} {path} is over {MAX_FLAG_FILE_BYTES // (1024 * 1024)} MiB")
     return data

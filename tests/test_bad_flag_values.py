@@ -68,6 +68,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "budget_usd 1e999": (["--budget_usd=1e999", "--price_input=1", "--price_output=1"], "--budget_usd"),
         "max_cost_per_prompt 1e999": (["--max_cost_per_prompt=1e999"], "--max_cost_per_prompt"),
         "prefill from a FIFO": ([f"--prefill_messages_file={fifo}"], "not a regular file"),
+        "prefill from a directory": ([f"--prefill_messages_file={tmp}"], "is a directory"),
         "prefill over the size cap": ([f"--prefill_messages_file={big}"], "over 16 MiB"),
         "dataset from /dev/zero": (["--dataset_file=/dev/zero"], "not a regular file"),
         "dataset from a FIFO": ([f"--dataset_file={fifo}"], "not a regular file"),
