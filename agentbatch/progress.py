@@ -7,6 +7,7 @@ printed every --progress_seconds and once at the end, so the log never holds car
 
 from __future__ import annotations
 
+import math
 import shutil
 import threading
 import time
@@ -34,8 +35,9 @@ class Snapshot:
     spent_label: str = "this session"
     projected: float | None = None
     budget: float | None = None
-    eta: float | None = None  # seconds; None until a prompt has finished
+    eta: float | None = None  # seconds; None until a prompt has finished, and while only overdue ones run
     ages: list[float] = field(default_factory=list)
+    overdue: float | None = None  # with no ETA: how long the longest of the prompts running past the mean has run
 
     @property
     def finished(self) -> int:
@@ -164,17 +166,24 @@ class Progress:
                 left = budget.prompts_left(snap.in_flight)
                 if left is not None:
                     not_started = min(not_started, left)
-            snap.eta = eta(self._seconds / finished, snap.ages, not_started, self.slots)
+            mean = self._seconds / finished
+            snap.eta = eta(mean, snap.ages, not_started, self.slots)
+            if snap.eta is None:
+                snap.overdue = max(snap.ages)
         return snap
 
 
-def eta(mean_seconds: float, ages: list[float], not_started: int, slots: int) -> float:
+def eta(mean_seconds: float, ages: list[float], not_started: int, slots: int) -> float | None:
     """Seconds until the session ends, from the mean duration of finished prompts (not from batches).
 
-    Each running prompt is expected to take the mean in all (its remainder: the mean minus its age, at
-    least nothing); the prompts not started share the slots. The end is no sooner than the longest remainder.
+    Each running prompt is expected to take the mean in all (its remainder: the mean minus its age); the
+    prompts not started share the slots; the end is no sooner than the longest remainder. A prompt running
+    past the mean has no remainder to expect: once only such prompts are left there is no estimate (None),
+    never a 0 while something still runs.
     """
-    remainders = [max(0.0, mean_seconds - a) for a in ages]
+    remainders = [mean_seconds - a for a in ages if a < mean_seconds]
+    if not_started <= 0 and not remainders:
+        return None if ages else 0.0
     work = sum(remainders) + max(0, not_started) * mean_seconds
     return max(max(remainders, default=0.0), work / max(1, slots))
 
@@ -206,7 +215,10 @@ def _fields(snap: Snapshot) -> list[tuple[int, str]]:
         if snap.projected is not None:
             money += f", ~${snap.projected:.2f} projected"
         out.append((3, money))
-    out.append((1, f"ETA {_duration(snap.eta)}" if snap.eta is not None else "ETA ?"))
+    if snap.eta is not None:  # rounded up: a session with anything left never says 0s
+        out.append((1, f"ETA {_duration(math.ceil(snap.eta))}"))
+    else:
+        out.append((1, f"ETA ? (running {_duration(snap.overdue)})" if snap.overdue is not None else "ETA ?"))
     return out
 
 
