@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 
 from agentbatch.model.usage import cost_of
-from agentbatch.run_files import RunFiles, iter_records
+from agentbatch.run_dir import lines
+from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,11 @@ def tokens_of(usage: object) -> int:
     return value if type(value) is int and value > 0 else 0
 
 
-def spent_in(files: RunFiles) -> Spend:
+def spent_in(paths: RunPaths) -> Spend:
     """What the sessions before this one spent, from every line of the run's files."""
     spend = Spend()
-    paths = [files.batch_path(n) for n in files.batch_numbers()]
-    for path in (*paths, files.path("discarded.jsonl"), files.path("failed.jsonl")):
-        for record in iter_records(path):
+    for path in (*paths.batches(), paths.path(DISCARDED), paths.path(FAILED)):
+        for record in lines.records(path):
             spend.add(record.get("usage"))
     return spend
 

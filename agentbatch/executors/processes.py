@@ -26,7 +26,8 @@ from multiprocessing.connection import Connection, wait
 
 from agentbatch import process_guard
 from agentbatch.executors.base import Admit, Slots, lost
-from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.prompt_runner import Clients, run_prompt
+from agentbatch.work import PromptOutcome, PromptTask, RunConfig
 from agentbatch.tools.registry import load_tools
 
 _POLL_SECONDS = 0.5
