@@ -16,6 +16,7 @@ from scripted_server import ScriptedServer
 
 from agentbatch.dataset import Entry
 from agentbatch.export.common import RunSource
+from agentbatch.record_shape import trajectory_problem
 from agentbatch.run_dir.answers import answer_key, last_words, prompt_key, remaining
 
 PROMPT = "Make the tests in tests/ pass."  # the README's own prompt, in two rows
@@ -129,6 +130,9 @@ def test_matching_takes_a_rows_identity_first_then_older_lines_of_its_text():
     }
     assert answer_key({"identity": "", "prompt": PROMPT}) == (prompt_key(PROMPT), 0)  # the neutral default
     assert answer_key({"identity": 5, "prompt": PROMPT, "sample_index": 2}) == (prompt_key(PROMPT), 2)
+    # A trajectory whose identity is not text (a hand edit) is not a trajectory: dropped and counted, as others.
+    turns = [{"from": "human", "value": PROMPT}, {"from": "gpt", "value": "done"}]
+    assert trajectory_problem({"conversations": turns, "identity": 5}) == "identity is not a string"
 
 
 def test_the_export_shows_a_failed_row_whose_twin_was_answered(tmp_path):

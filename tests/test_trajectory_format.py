@@ -239,8 +239,8 @@ def test_merge_puts_a_tool_using_entry_first_so_any_order_of_batches_loads(lines
 
 
 def _old_shape(record: dict) -> dict:
-    """A line as runs wrote it before stop_reason, sample_index and the cost in usage existed."""
-    old = {k: v for k, v in record.items() if k not in ("stop_reason", "sample_index")}
+    """A line as runs wrote it before stop_reason, sample_index, identity and the cost in usage existed."""
+    old = {k: v for k, v in record.items() if k not in ("stop_reason", "sample_index", "identity")}
     old["usage"] = {k: v for k, v in record["usage"].items() if k != "cost"}
     return old
 
@@ -263,4 +263,5 @@ def test_a_resumed_run_mixing_old_and_new_lines_merges_into_one_loadable_file(li
     by_index = {row["prompt_index"]: row for row in ds}
     assert by_index[0]["stop_reason"] is None and by_index[0]["usage"].get("cost") is None  # old lines: null
     assert by_index[half]["stop_reason"] == records[half]["stop_reason"]
+    assert by_index[0]["identity"] is None and by_index[half]["identity"] == records[half]["identity"]
     assert by_index[half]["usage"]["cost"] == records[half]["usage"]["cost"]

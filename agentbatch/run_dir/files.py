@@ -97,9 +97,6 @@ class RunFiles:
         """Replace a JSON file of the run atomically, redacted and without lone surrogates as every line."""
         atomic.write_text(self.paths.path(name), scrub(self.redact(json.dumps(obj, indent=2, ensure_ascii=False))) + "\n")
 
-    def read_json(self, name: str) -> dict | None:
-        """A JSON object file; None if it is missing, unreadable or anything but an object."""
-        return read_json(self.paths.path(name))
 
 
 def read_json(path: str) -> dict | None:

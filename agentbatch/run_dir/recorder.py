@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agentbatch.run_dir.files import RunFiles
+from agentbatch.run_dir.files import RunFiles, read_json
 from agentbatch.run_dir.paths import CHECKPOINT, DISCARDED, FAILED
 from agentbatch.work import now_iso
 
@@ -48,7 +48,7 @@ class Recorder:
     def start(self) -> None:
         """Ready the directory for appends, and read what the session before said (raises OSError)."""
         self.files.prepare()
-        self.previous = self.files.read_json(CHECKPOINT) or {}
+        self.previous = read_json(self.files.paths.path(CHECKPOINT)) or {}
 
     def record(self, o: PromptOutcome, task: PromptTask | None) -> None:
         """Write the outcome's line, and the checkpoint when it is due (raises OSError)."""
