@@ -28,7 +28,7 @@ from agentbatch.run_dir import answers
 from agentbatch.run_dir.files import RunFiles
 from agentbatch.run_dir.lock import session_lock
 from agentbatch.run_dir.merge import merge
-from agentbatch.run_dir.paths import STATISTICS
+from agentbatch.run_dir.paths import FAILED, STATISTICS
 from agentbatch.run_dir.recorder import Recorder, RunFacts
 from agentbatch.run_statistics import Tally, format_summary
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
@@ -261,7 +261,7 @@ class Session:
             )
             return EXIT_BUDGET
         if prompts["failed"]:
-            print(f"{prompts['failed']} prompts failed (see failed.jsonl); --resume re-runs them", file=sys.stderr)
+            print(f"{prompts['failed']} prompts failed (see {FAILED}); --resume re-runs them", file=sys.stderr)
             return EXIT_FAILURES
         return 0
 
