@@ -31,7 +31,9 @@ class Entry:
 
     def __post_init__(self) -> None:
         if not self.identity:
-            self.identity = task_identity(self.prompt, self.image, self.cwd, self.setup, self.verify, list(self.answers))
+            self.identity = task_identity(
+                self.prompt, self.image, self.cwd, self.setup, self.verify, list(self.answers)
+            )
 
 
 def task_identity(*task: object) -> str:

@@ -47,7 +47,8 @@ class OutcomeStats:
         # One int per prompt, not its text: (index, row identity) hashed (one process, so one hash seed); lines
         # written before identities by their prompt text.
         identity = record.get("identity")
-        key = hash((record.get("prompt_index"), identity if type(identity) is str and identity else first_human(record)))
+        row = identity if type(identity) is str and identity else first_human(record)
+        key = hash((record.get("prompt_index"), row))
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group(toolsets)

@@ -129,16 +129,7 @@ class Session:
             return self._write_failed(e.error)
         except Exception as e:  # the executor broke (a worker pipe, a process that cannot start): not the disk
             view.close()
-            executor.close()
-            self._reap(self._kinds, "of the prompts stopped at once")
-            with contextlib.suppress(OSError):
-                self.recorder.checkpoint("stopped")
-                self.files.close()
-            raise FatalError(
-                f"the run stopped: its workers failed ({type(e).__name__}: {self.files.redact(str(e))}); the "
-                f"{self.recorder.recorded} prompts recorded this session are intact; run again with --resume"
-                " (--verbose shows the traceback)"
-            ) from e
+            raise self._workers_failed(executor, e) from e
         finally:
             if not quitting:
                 view.close()
@@ -273,6 +264,19 @@ class Session:
         self.files.close()
         print("interrupted at once; run again with --resume to finish", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+    def _workers_failed(self, executor: Executor, e: Exception) -> FatalError:
+        """Stop what runs, keep what is recorded, and say so in one line."""
+        executor.close()
+        self._reap(self._kinds, "of the prompts stopped at once")
+        with contextlib.suppress(OSError):
+            self.recorder.checkpoint("stopped")
+            self.files.close()
+        return FatalError(
+            f"the run stopped: its workers failed ({type(e).__name__}: {self.files.redact(str(e))}); the "
+            f"{self.recorder.recorded} prompts recorded this session are intact; run again with --resume"
+            " (--verbose shows the traceback)"
+        )
 
     def _write_failed(self, e: OSError) -> int:
         """One line, no traceback: every line written before is whole, and --resume goes on from there."""

@@ -43,7 +43,9 @@ def line(i: int) -> bytes:
 def start_export(run_dir: Path, formats: str, stderr: Path) -> subprocess.Popen:
     args = [f"--run_name={run_dir.name}", f"--output_dir={run_dir.parent}", f"--export={formats}"]
     with open(stderr, "w") as err:
-        return subprocess.Popen(cli_command(args), cwd=run_dir.parent, env=cli_env(), stdout=subprocess.PIPE, stderr=err)
+        return subprocess.Popen(
+            cli_command(args), cwd=run_dir.parent, env=cli_env(), stdout=subprocess.PIPE, stderr=err
+        )
 
 
 def wait_for(what: str, condition) -> None:
@@ -85,8 +87,10 @@ def test_two_exports_of_one_run_at_once_both_finish_whole(tmp_path):
     second = start_export(run_dir, "openai,hermes", tmp_path / "second.err")
     wait_for(
         "the second export to start",
-        lambda: "waiting for another export" in (tmp_path / "second.err").read_text()
-        or (export_dir / f".openai.tmp-{second.pid}").exists(),
+        lambda: (
+            "waiting for another export" in (tmp_path / "second.err").read_text()
+            or (export_dir / f".openai.tmp-{second.pid}").exists()
+        ),
     )
     feed(fifo, b"".join(line(i) for i in range(20, 30)))
     first.communicate(timeout=DEADLINE)

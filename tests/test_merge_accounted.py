@@ -75,7 +75,11 @@ def test_merging_counted_lines_equals_reading_every_line_back(tmp_path):
     reread = merge(RunFiles(str(tmp_path), secrets=(SECRET,)), lambda r: count(reread_stats, reread_kept, r))
 
     assert merged == (tmp_path / "trajectories.jsonl").read_bytes()
-    assert (report.trajectories, report.unknown_tool, report.not_json) == (reread.trajectories, reread.unknown_tool, 0) == (8, 1, 0)
+    assert (
+        (report.trajectories, report.unknown_tool, report.not_json)
+        == (reread.trajectories, reread.unknown_tool, 0)
+        == (8, 1, 0)
+    )
     assert stats.to_dict() == reread_stats.to_dict() and kept == reread_kept
     first = json.loads(merged.splitlines()[0])
     assert first["prompt_index"] == 15 and SECRET.encode() not in merged

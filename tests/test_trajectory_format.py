@@ -10,9 +10,9 @@ from helpers import gpt_turns, model_settings, run_agent_once, tool_turns
 from scripted_server import ScriptedServer
 
 from agentbatch.prompt_runner import Clients
-from agentbatch.work import RunConfig
 from agentbatch.tools.registry import offered_tools
 from agentbatch.tools.settings import ToolSettings
+from agentbatch.work import RunConfig
 from toolset_distributions import ALL_TOOL_NAMES, DISTRIBUTIONS, prompt_rng, sample_toolsets
 from trajectory import reasoning_counts, tool_stats, unknown_tools
 

@@ -27,8 +27,8 @@ from multiprocessing.connection import Connection, wait
 from agentbatch import process_guard
 from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.prompt_runner import Clients, run_prompt
-from agentbatch.work import PromptOutcome, PromptTask, RunConfig
 from agentbatch.tools.registry import load_tools
+from agentbatch.work import PromptOutcome, PromptTask, RunConfig
 
 _POLL_SECONDS = 0.5
 _STOP = None  # the message that tells a worker's threads to finish

@@ -95,8 +95,8 @@ class RunFiles:
 
     def write_json(self, name: str, obj: dict) -> None:
         """Replace a JSON file of the run atomically, redacted and without lone surrogates as every line."""
-        atomic.write_text(self.paths.path(name), scrub(self.redact(json.dumps(obj, indent=2, ensure_ascii=False))) + "\n")
-
+        text = scrub(self.redact(json.dumps(obj, indent=2, ensure_ascii=False)))
+        atomic.write_text(self.paths.path(name), text + "\n")
 
 
 def read_json(path: str) -> dict | None:
