@@ -13,31 +13,15 @@ import subprocess
 import time
 from pathlib import Path
 
-from cli_helpers import ROOT, assert_clean_exit, cli_command, cli_env, read_jsonl, thinking, write_dataset
+from cli_helpers import assert_clean_exit, cli_command, cli_env, read_jsonl, run_cli_wrapped, thinking, write_dataset
+from export_pin_run import regular
 from scripted_server import ScriptedServer
-
-from trajectory import build_record
 
 DEADLINE = 60.0
 
 
 def line(i: int) -> bytes:
-    messages = [{"role": "user", "content": f"task {i}"}, {"role": "assistant", "content": f"done {i}"}]
-    record = build_record(
-        prompt_index=i,
-        messages=messages,
-        batch_num=0,
-        timestamp="2026-01-01T00:00:00",
-        model="m",
-        completed=True,
-        partial=False,
-        stop_reason="answered",
-        api_calls=1,
-        toolsets=["terminal"],
-        usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        tool_schemas=[],
-    )
-    return (json.dumps(record) + "\n").encode()
+    return (json.dumps(regular(i), ensure_ascii=False) + "\n").encode()
 
 
 def start_export(run_dir: Path, formats: str, stderr: Path) -> subprocess.Popen:
@@ -111,8 +95,7 @@ def test_two_exports_of_one_run_at_once_both_finish_whole(tmp_path):
 # The real CLI with the end-of-session export wrapped: before it writes, it notes whether another process could
 # take the run's lock (a second session could start and change the files it reads).
 PROBING_EXPORT = """
-import fcntl, os, sys
-sys.path.insert(0, {root!r})
+import fcntl, os
 from agentbatch.export import from_flags
 real = from_flags.export
 def export(run_dir, *args, **kwargs):
@@ -128,25 +111,21 @@ def export(run_dir, *args, **kwargs):
         log.write(state + "\\n")
     return real(run_dir, *args, **kwargs)
 from_flags.export = export
-from batch_runner import cli
-cli()
 """
 
 
 def test_the_export_at_the_end_of_a_session_runs_while_it_holds_the_run(tmp_path):
     log = tmp_path / "lock_during_export.txt"
-    wrapper = tmp_path / "probing_export.py"
-    wrapper.write_text(PROBING_EXPORT.format(root=str(ROOT), log=str(log)))
     dataset = write_dataset(tmp_path / "d.jsonl", [f"task {i}" for i in range(3)])
+    args = [
+        f"--dataset_file={dataset}",
+        "--run_name=r",
+        f"--output_dir={tmp_path}",
+        "--batch_size=5",
+        "--export=openai",
+    ]
     with ScriptedServer(default_script=[thinking("done")]) as srv:
-        command = cli_command(
-            [f"--dataset_file={dataset}", "--run_name=r", f"--output_dir={tmp_path}", "--batch_size=5"]
-            + ["--export=openai"],
-            srv,
-        )
-        done = subprocess.run(
-            [command[0], str(wrapper), *command[2:]], cwd=tmp_path, env=cli_env(), capture_output=True, text=True
-        )
+        done = run_cli_wrapped(PROBING_EXPORT.format(log=str(log)), args, tmp_path, srv)
     assert_clean_exit(done)
     assert log.read_text() == "held\n"
     assert len(read_jsonl(tmp_path / "r" / "export" / "openai" / "data.jsonl")) == 3
