@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from agentbatch.budget import Budget
-from agentbatch.model.usage import cost_of
+from agentbatch.budget import Budget, Spend
 
 TERMINAL_REFRESH = 1.0
 
@@ -64,8 +63,7 @@ class Progress:
         self._counts = {"done": 0, "failed": 0, "discarded": 0}
         self._running: dict[int, float] = {}
         self._seconds = 0.0
-        self._tokens = 0
-        self._cost = 0.0
+        self._spend = Spend()  # this session's
         self._began = time.monotonic()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,8 +83,7 @@ class Progress:
             self._running.pop(key, None)
             self._counts[status] = self._counts.get(status, 0) + 1
             self._seconds += seconds
-            self._tokens += int((usage or {}).get("total_tokens") or 0)
-            self._cost += cost_of(usage)
+            self._spend.add(usage)
 
     def message(self, text: str) -> None:
         """A line of its own (a --verbose prompt line, a notice), kept clear of the live line."""
@@ -148,14 +145,14 @@ class Progress:
             c["discarded"],
             len(self._running),
             elapsed,
-            self._tokens / elapsed if elapsed > 0 else 0.0,
+            self._spend.tokens / elapsed if elapsed > 0 else 0.0,
             ages=[now - t for t in self._running.values()],
         )
         budget = self.budget
-        spent, mean = self._cost, (self._cost / finished if finished else None)
+        spend = self._spend
         if budget is not None:  # the budget knows what earlier sessions spent too
-            spent, mean, snap.spent_label = budget.spent.cost, budget.mean_cost(), "run"
-            snap.budget = budget.settings.usd
+            spend, snap.spent_label, snap.budget = budget.spent, "run", budget.settings.usd
+        spent, mean = spend.cost, (spend.cost / spend.attempts if spend.attempts else None)
         if self.priced or spent > 0:
             snap.spent = spent
             if mean is not None:
@@ -166,8 +163,7 @@ class Progress:
                 left = budget.prompts_left(snap.in_flight)
                 if left is not None:
                     not_started = min(not_started, left)
-            mean = self._seconds / finished
-            snap.eta = eta(mean, snap.ages, not_started, self.slots)
+            snap.eta = eta(self._seconds / finished, snap.ages, not_started, self.slots)
             if snap.eta is None:
                 snap.overdue = max(snap.ages)
         return snap
