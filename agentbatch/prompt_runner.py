@@ -9,7 +9,9 @@ from dataclasses import dataclass, replace
 from agentbatch import sandboxes, verification
 from agentbatch.agent_loop import run_agent
 from agentbatch.limits import SessionLimits
-from agentbatch.model.client import ModelCallError, ModelClient
+from agentbatch.model import registry as models
+from agentbatch.model.base import Model, ModelCallError
+from agentbatch.model.client import ModelClient
 from agentbatch.model.usage import Usage
 from agentbatch.sandboxes.base import SandboxError, SandboxSpec
 from agentbatch.secrets_guard import Redactor
@@ -21,14 +23,14 @@ from trajectory import build_record, has_think_block
 
 @dataclass
 class Clients:
-    """A worker's model clients, shared by its threads: the run's endpoint, and the images endpoint if another."""
+    """A worker's models, shared by its slots: the run's (model.registry), and the images endpoint's if another."""
 
-    chat: ModelClient
-    images: ModelClient
+    chat: Model
+    images: Model
 
     @classmethod
     def for_config(cls, cfg: RunConfig) -> Clients:
-        chat = ModelClient(cfg.model)
+        chat = models.make(cfg.model)
         t = cfg.tools
         if not (t.image_base_url or t.image_api_key):
             return cls(chat, chat)

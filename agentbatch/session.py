@@ -32,9 +32,9 @@ from agentbatch.run_dir.paths import FAILED, STATISTICS
 from agentbatch.run_dir.recorder import Recorder, RunFacts
 from agentbatch.run_statistics import Tally, format_summary
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
-from agentbatch.tools.registry import unavailable_tools
+from agentbatch.tools.registry import load_tools, unavailable_tools
 from agentbatch.work import PromptOutcome, PromptTask, RunConfig, now_iso
-from toolset_distributions import TOOLSET_OF, Distribution, prompt_rng, sample_toolsets
+from toolset_distributions import Distribution, prompt_rng, sample_toolsets
 
 log = logging.getLogger("batch_runner")
 EXIT_FAILURES = 3
@@ -311,8 +311,9 @@ class Session:
     def _warn_unavailable_tools(self) -> None:
         """One warning per missing backend, for the toolsets this distribution can sample, once at start."""
         by_reason: dict[str, list[str]] = {}
+        tools = load_tools()
         for name, reason in unavailable_tools(self.cfg.tools).items():
-            if TOOLSET_OF[name] in self.s.distribution.probabilities:
+            if tools[name].toolset in self.s.distribution.probabilities:
                 by_reason.setdefault(reason, []).append(name)
         for reason, names in by_reason.items():
             print(f"warning: not offered: {', '.join(names)}: {reason}", file=sys.stderr)

@@ -35,6 +35,8 @@ class RunConfig:
     log_prefix_chars: int = 100
     # Every credential of the run: redacted from tool results before the endpoint sees them, and from logs.
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    # The plug-in modules and files the run named (--plugins): every worker loads them at its start.
+    plugins: tuple[str, ...] = ()
     # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
     sandbox_labels: dict[str, str] = field(default_factory=dict)
 
