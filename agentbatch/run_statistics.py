@@ -151,7 +151,7 @@ class RunStats:
         self._group(line, "failed", line.get("model"))
 
     def count_failed_prompts(self, n: int) -> None:
-        """Prompts whose last attempt failed: the `error` way a session ends, beside the trajectories' reasons."""
+        """Prompts whose last attempt failed: the `error` way a sample ends, beside the trajectories' reasons."""
         if n:
             self.stop_reasons["error"] = n
 
