@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +10,7 @@ from urllib.parse import urlparse
 
 from agentbatch.errors import FatalError
 from agentbatch.model.client import PROVIDER_SORTS, REASONING_EFFORTS
+from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.secrets_guard import getenv
 
 KEY_HOSTS = ("openrouter.ai", "api.openai.com")
@@ -67,18 +67,11 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str | None:
     return value
 
 
-SANDBOXES = ("bwrap", "local", "docker")
-
-
-def sandbox_kind(name: str, flag_value: Any) -> str:
-    """--sandbox, else TERMINAL_ENV, else auto (bwrap where it works); a wrong value names where it came from."""
-    env_value = os.environ.get("TERMINAL_ENV")
-    if flag_value is not None:
-        return choice(name, str(flag_value).strip().lower(), SANDBOXES)
-    kind = (env_value or "").strip().lower() or "auto"
-    if kind not in (*SANDBOXES, "auto"):
-        raise FatalError(f"TERMINAL_ENV must be {', '.join(SANDBOXES)}, got {env_value!r}; unset it or pass --sandbox")
-    return kind
+def sandbox_kind(name: str, value: Any) -> str | None:
+    """--sandbox: one of the registered backends (None: not given; sandboxes/choice.py decides)."""
+    if value is None:
+        return None
+    return choice(name, str(value).strip().lower(), sandbox_backends.names())
 
 
 def network(name: str, value: Any) -> bool:

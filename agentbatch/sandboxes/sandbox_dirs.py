@@ -2,7 +2,7 @@
 
 `br-sandbox-<pid>.<start time>-<random>` in the temp directory: the name alone says whose it is, so
 after a worker dies (or a session is killed) the parent can tell a dead owner's leftovers from a live
-sandbox of another run without any file a command could tamper with, and remove them.
+sandbox of another run without any file a command could tamper with, and remove them (`reap_dead`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import shutil
 import stat
 import tempfile
 from functools import cache
+
+from agentbatch.sandboxes import containment
 
 PREFIX = "br-sandbox-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)\.(\d+)-")
@@ -119,3 +121,15 @@ def remove(path: str) -> None:
 
     with contextlib.suppress(OSError):
         shutil.rmtree(path, onerror=unlock)
+
+
+def reap_dead() -> int:
+    """Remove the sandboxes whose worker died (of any run of this user): their processes, cgroups and directories."""
+    dead = dead_leftovers()
+    names = {os.path.basename(p) for p in dead}
+    for cgroup in containment.cgroups_named({n + "." for n in names}):
+        containment.kill_cgroup(cgroup)
+    containment.kill_tagged(names, nested=True)
+    for path in dead:
+        remove(path)
+    return len(dead)

@@ -1,0 +1,64 @@
+"""The sandbox backends by name: importing a backend's module registers it (`@backend("name")`).
+
+A new kind of sandbox is one module with one registered class (docs/sandboxes.md); the `--sandbox` flag
+accepts exactly the registered names, and a sample's sandbox comes from `get(spec.kind)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+
+from agentbatch.sandboxes.base import Backend
+
+# Until the plug-in loader (agentbatch/plugins.py) imports them with the rest, the first lookup does.
+# Their order is the order of `names()`: --help, error messages.
+BUILTIN_MODULES = ("agentbatch.sandboxes.bwrap", "agentbatch.sandboxes.local", "agentbatch.sandboxes.docker")
+
+_classes: dict[str, type[Backend]] = {}
+_instances: dict[str, Backend] = {}
+_lock = threading.Lock()
+_builtins_loaded = False
+
+
+def backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
+    """Register the decorated Backend subclass as the sandbox kind `name` (a second class for a name is an error)."""
+
+    def register(cls: type[Backend]) -> type[Backend]:
+        if not (isinstance(cls, type) and issubclass(cls, Backend)):
+            raise TypeError(f"sandbox backend {name!r}: {cls!r} is not a subclass of agentbatch.sandboxes.base.Backend")
+        known = _classes.get(name)
+        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"sandbox backend {name!r} is registered twice: {known.__module__} and {cls.__module__}")
+        cls.name = name
+        with _lock:
+            _classes[name] = cls
+            _instances.pop(name, None)  # a module imported again replaces its class
+        return cls
+
+    return register
+
+
+def names() -> tuple[str, ...]:
+    """Every registered kind, built-ins first."""
+    _load_builtins()
+    return tuple(_classes)
+
+
+def get(name: str) -> Backend:
+    """This process's instance of the backend `name`; KeyError if no module registered it."""
+    _load_builtins()
+    with _lock:
+        found = _instances.get(name)
+        if found is None:
+            found = _instances[name] = _classes[name]()
+        return found
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        for module in BUILTIN_MODULES:
+            importlib.import_module(module)
+        _builtins_loaded = True
