@@ -107,12 +107,16 @@ def _dead(base: str, names: list[str]) -> list[str]:
 
 
 def remove(path: str) -> None:
-    """Remove a sandbox directory whatever a command did to its modes; never raises."""
+    """Remove a sandbox directory whatever a command did to its modes; never raises, and does nothing once it is gone."""
 
     def unlock(func, failed, _exc) -> None:
-        # A command may have left a directory without write or search permission: restore it and retry.
+        # A command may have left a directory without write or search permission: restore it and retry. Only
+        # below `path`: the directory it lies in (the temp directory) is never changed, also when `path` is gone.
+        if failed != path and not failed.startswith(path + os.sep):
+            return
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed), 0o700)
+            if failed != path:
+                os.chmod(os.path.dirname(failed), 0o700)
             if os.path.isdir(failed) and not os.path.islink(failed):
                 os.chmod(failed, 0o700)
                 shutil.rmtree(failed, ignore_errors=True)
