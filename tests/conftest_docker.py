@@ -56,5 +56,7 @@ def docker_run_name(docker_images) -> str:
     if left:
         from agentbatch.sandboxes import docker_engine
 
-        docker_engine.remove_labelled({RUN_LABEL: run_name})  # do not leak them into the next test, but still fail this one
+        docker_engine.remove_labelled(
+            {RUN_LABEL: run_name}
+        )  # do not leak them into the next test, but still fail this one
     assert not left, f"containers of run {run_name} left behind: {left}"

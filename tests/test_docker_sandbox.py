@@ -182,15 +182,37 @@ def test_a_command_past_its_timeout_is_killed_with_what_it_started(contexts, doc
     assert sh(ctx, "echo still usable") == "still usable\n"
 
 
-def test_a_process_that_escapes_the_session_cannot_hang_the_call(contexts, docker_images):
+def test_a_process_that_leaves_the_session_is_killed_at_the_timeout_too(contexts, docker_images):
     ctx = contexts(docker_images[0], timeout=1)
     sh(ctx, "true")
     start = time.monotonic()
-    # setsid leaves the killed session but keeps the output pipe open: the call must give up on it.
+    # setsid leaves the killed session and keeps the output pipe open: it goes too, and the call ends.
     result, ok = tool(ctx, "terminal", command="setsid sleep 43 & echo detached; sleep 44")
     assert not ok and "timed out" in result["error"] and "detached" in result["output"]
     assert time.monotonic() - start < 1 + KILL_GRACE + 2
+    assert "sleep 4" not in sh(ctx, "ps -o args"), "a setsid process outlived its command's timeout"
     assert sh(ctx, "echo next") == "next\n"
+
+
+def test_a_timeout_kills_every_escape_and_nothing_of_earlier_commands(contexts, docker_images):
+    """nohup, setsid, a double fork, a cleared environment: all go; a server an earlier command left stays."""
+    ctx = contexts(docker_images[0], timeout=2)
+    sh(ctx, "setsid sleep 1042 > /dev/null 2>&1 & echo left")  # a server of its own: it stays
+    escapes = [
+        "nohup sleep 2041 > /dev/null 2>&1 &",
+        "setsid sleep 2042 > /dev/null 2>&1 &",
+        "( setsid sh -c 'sleep 2043 & exit 0' & ) > /dev/null 2>&1",
+        "env -i sleep 2044 > /dev/null 2>&1 &",
+        "( setsid env -i sh -c 'sleep 2045 & exit 0' & ) > /dev/null 2>&1",
+        "( while :; do sleep 2046 & sleep 0.05; done ) > /dev/null 2>&1 &",
+        "echo started; sleep 2047",
+    ]
+    result, ok = tool(ctx, "terminal", command="\n".join(escapes))
+    assert not ok and "timed out" in result["error"] and "started" in result["output"]
+    time.sleep(0.5)  # a respawner killed too late would have started another sleep by now
+    left = sh(ctx, "ps -o args")
+    assert [n for n in range(2041, 2048) if f"sleep {n}" in left] == [], left
+    assert "sleep 1042" in left, "the timeout killed what an earlier command left"
 
 
 def test_host_environment_never_reaches_the_container(contexts, docker_images, monkeypatch):

@@ -49,8 +49,8 @@ TAG_VAR = "BR_EXEC_ID"
 KILL = r"""[ -n "$1" ] || exit 0
 tag="BR_EXEC_ID=$1"; shell=$2; me=$$; since=""
 if [ -n "$shell" ]; then
-  kill -9 -"$shell" 2>/dev/null
   if read -r l 2>/dev/null < "/proc/$shell/stat"; then set -- ${l##*") "}; since=${20}; fi
+  kill -9 -"$shell" 2>/dev/null
 fi
 pass=0
 while [ "$pass" -lt 20 ]; do
@@ -63,7 +63,7 @@ while [ "$pass" -lt 20 ]; do
     case $1 in Z|X) continue;; esac
     all="$all $p:$2"
     env=""
-    while read -r e; do env="$env$e"; done 2>/dev/null < "$d/environ"
+    while read -r e || [ -n "$e" ]; do env="$env$e"; done 2>/dev/null < "$d/environ"
     case "$env" in
       *"$tag"*) hit="$hit$p ";;
       *BR_EXEC_ID=*) ;;
@@ -231,7 +231,9 @@ class DockerSandbox:
             raise SandboxError("no command to start")
         tag = _new_tag()
         # Its PID first, on stderr, so that stdout carries nothing but what the process writes.
-        exec_id, sock = self._start_exec(["sh", "-c", 'echo "$$" >&2; exec "$@"', "sh", *argv], tag, stdin=True, env=env)
+        exec_id, sock = self._start_exec(
+            ["sh", "-c", 'echo "$$" >&2; exec "$@"', "sh", *argv], tag, stdin=True, env=env
+        )
         process = ExecProcess(sock, lambda: self._exit_code(exec_id, wait=False), lambda pid: self._kill(tag, pid))
         self._processes.append(process)
         return process
@@ -378,8 +380,6 @@ def _discard(chunks) -> None:
     close = getattr(chunks, "close", None)
     if close:
         close()
-
-
 
 
 def _discard(chunks) -> None:
