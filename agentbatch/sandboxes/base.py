@@ -142,7 +142,7 @@ class Backend(abc.ABC):
         """Once per run, in the parent: check this backend works here (SandboxError if not); the line the run prints."""
         return f"sandbox: {self.name}"
 
-    def prepare(self, spec: SandboxSpec) -> None:
+    def prepare(self, spec: SandboxSpec) -> None:  # noqa: B027 (nothing to check is a fine default)
         """Before a sample's first model call: check its sandbox can be made (its image is here); SandboxError if not."""
 
     @abc.abstractmethod

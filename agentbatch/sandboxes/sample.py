@@ -41,4 +41,6 @@ class SampleSandbox:
             try:
                 self.backend.cleanup(sandbox, interrupted)
             except Exception as e:  # a backend's bug; what it left, its reap removes
-                log.warning("the %s backend failed to clean up a sandbox: %s: %s", self.backend.name, type(e).__name__, e)
+                log.warning(
+                    "the %s backend failed to clean up a sandbox: %s: %s", self.backend.name, type(e).__name__, e
+                )
