@@ -130,7 +130,7 @@ class Sandbox(Protocol):
 class Backend(abc.ABC):
     """A kind of sandbox, registered with `@registry.backend("name")`: it owns the whole life of its sandboxes.
 
-    One instance per process (registry.get). In order: `prepare_run` once per run in the parent,
+    One instance per process (registry.get). In order: `prepare_run` once per session in the runner,
     `prepare` for each sample before any model call, `create` when a sample first needs its sandbox,
     `cleanup` when the sample ends, whatever happened; `reap` in the parent for what dead sessions left.
     """
@@ -139,7 +139,7 @@ class Backend(abc.ABC):
     takes_images = False  # whether a row's image can run in it (else such rows run in docker)
 
     def prepare_run(self, settings: SandboxSettings) -> str:
-        """Once per run, in the parent: check this backend works here (SandboxError if not); the line the run prints."""
+        """Once per session, in the runner: check this backend works here (SandboxError if not); the line it prints."""
         return f"sandbox: {self.name}"
 
     def prepare(self, spec: SandboxSpec) -> None:  # noqa: B027 (nothing to check is a fine default)
@@ -157,7 +157,7 @@ class Backend(abc.ABC):
         """
 
     def reap(self, labels: dict[str, str]) -> int:
-        """In the parent: remove what dead sessions left (sandboxes carrying these labels); how many."""
+        """In the runner: remove what dead sessions left (sandboxes carrying these labels); how many."""
         return 0
 
     def reaped(self, n: int, whose: str) -> str:

@@ -1,4 +1,4 @@
-"""Which backend each sample's sandbox comes from, decided once per run: from `--sandbox`, `TERMINAL_ENV`,
+"""Which backend each sample's sandbox comes from, decided once per session: from `--sandbox`, `TERMINAL_ENV`,
 whether bwrap works here (its probe) and whether the row names an image.
 """
 
@@ -18,7 +18,7 @@ IMAGES = "docker"  # where a row's image runs when the run's backend takes none
 def choose(
     flag: str | None, environ: Mapping[str, str], settings: SandboxSettings, images: bool = False
 ) -> tuple[SandboxSettings, str]:
-    """The run's settings with its backends chosen, and the one line that says which (printed as the run starts).
+    """The run's settings with its backends chosen, and the one line that says which (printed as the session starts).
 
     `flag` is the checked --sandbox value (None: not given); `images`: whether any row names an image.
     Each chosen backend's `prepare_run` runs here, once; FatalError when the one asked for cannot run.

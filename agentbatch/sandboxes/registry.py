@@ -41,9 +41,10 @@ def backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
 
 
 def names() -> tuple[str, ...]:
-    """Every registered kind, built-ins first."""
+    """Every registered kind: the built-ins in BUILTIN_MODULES' order, then the others as they registered."""
     _load_builtins()
-    return tuple(_classes)
+    order = {module: i for i, module in enumerate(BUILTIN_MODULES)}
+    return tuple(sorted(_classes, key=lambda name: order.get(_classes[name].__module__, len(order))))
 
 
 def get(name: str) -> Backend:
