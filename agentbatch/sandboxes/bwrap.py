@@ -38,7 +38,6 @@ from agentbatch.sandboxes import confined, registry, sandbox_dirs
 from agentbatch.sandboxes.base import (
     MAX_FILE_BYTES,
     SANDBOX_ENV,
-    Backend,
     ExecResult,
     SandboxError,
     SandboxSettings,
@@ -372,7 +371,7 @@ def check_cwd(cwd: str | None) -> None:
 
 
 @registry.backend("bwrap")
-class BwrapBackend(Backend):
+class BwrapBackend(sandbox_dirs.WorkerDirBackend):
     """Every command in its own bubblewrap sandbox over the sample's directory."""
 
     def prepare_run(self, settings: SandboxSettings) -> str:
@@ -391,13 +390,3 @@ class BwrapBackend(Backend):
 
     def create(self, spec: SandboxSpec) -> BwrapSandbox:
         return BwrapSandbox(spec)
-
-    def cleanup(self, sandbox: BwrapSandbox, interrupted: bool) -> None:
-        sandbox.cleanup()
-
-    def reap(self, labels: dict[str, str]) -> int:
-        """The directories of sandboxes whose worker died; their processes died with it (--die-with-parent)."""
-        return sandbox_dirs.reap_dead()
-
-    def reaped(self, n: int, whose: str) -> str:
-        return f"removed {n} {self.name} sandboxes whose worker had died"

@@ -380,9 +380,3 @@ def _discard(chunks) -> None:
     close = getattr(chunks, "close", None)
     if close:
         close()
-
-
-def _discard(chunks) -> None:
-    close = getattr(chunks, "close", None)
-    if close:
-        close()

@@ -18,7 +18,6 @@ from agentbatch.sandboxes import confined, containment, registry, sandbox_dirs
 from agentbatch.sandboxes.base import (
     MAX_FILE_BYTES,
     SANDBOX_ENV,
-    Backend,
     ExecResult,
     SandboxError,
     SandboxSettings,
@@ -174,7 +173,7 @@ def _roots(*dirs: str | None) -> list[str]:
 
 
 @registry.backend("local")
-class LocalBackend(Backend):
+class LocalBackend(sandbox_dirs.WorkerDirBackend):
     """Commands run as the runner's user in a directory of this machine, contained but not isolated."""
 
     def prepare_run(self, settings: SandboxSettings, because: str = "") -> str:
@@ -197,12 +196,3 @@ class LocalBackend(Backend):
 
     def create(self, spec: SandboxSpec) -> LocalSandbox:
         return LocalSandbox(spec.cwd, spec.settings.local_containment)
-
-    def cleanup(self, sandbox: LocalSandbox, interrupted: bool) -> None:
-        sandbox.cleanup()
-
-    def reap(self, labels: dict[str, str]) -> int:
-        return sandbox_dirs.reap_dead()
-
-    def reaped(self, n: int, whose: str) -> str:
-        return f"removed {n} {self.name} sandboxes whose worker had died"  # of any run: by worker, not label

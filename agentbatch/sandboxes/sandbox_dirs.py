@@ -16,6 +16,7 @@ import tempfile
 from functools import cache
 
 from agentbatch.sandboxes import containment
+from agentbatch.sandboxes.base import Backend
 
 PREFIX = "br-sandbox-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)\.(\d+)-")
@@ -137,3 +138,17 @@ def reap_dead() -> int:
     for path in dead:
         remove(path)
     return len(dead)
+
+
+class WorkerDirBackend(Backend):
+    """A backend whose sandboxes are such directories (local, bwrap): removed with them, reaped by dead worker."""
+
+    def cleanup(self, sandbox, interrupted: bool) -> None:
+        sandbox.cleanup()
+
+    def reap(self, labels: dict[str, str]) -> int:
+        """Any run's sandboxes whose worker died, whatever the labels: a live worker's are never touched."""
+        return reap_dead()
+
+    def reaped(self, n: int, whose: str) -> str:
+        return f"removed {n} {self.name} sandboxes whose worker had died"
