@@ -10,7 +10,6 @@ from urllib.parse import urlparse
 
 from agentbatch.errors import FatalError
 from agentbatch.model.client import PROVIDER_SORTS, REASONING_EFFORTS
-from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.secrets_guard import getenv
 
 KEY_HOSTS = ("openrouter.ai", "api.openai.com")
@@ -68,10 +67,9 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str | None:
 
 
 def sandbox_kind(name: str, value: Any) -> str | None:
-    """--sandbox: one of the registered backends (None: not given; sandboxes/choice.py decides)."""
-    if value is None:
-        return None
-    return choice(name, str(value).strip().lower(), sandbox_backends.names())
+    """--sandbox, as a backend's name (None: not given); sandboxes/choice.py checks it against the registered
+    ones once the run's plug-ins are loaded, and decides."""
+    return None if value is None else str(value).strip().lower()
 
 
 def network(name: str, value: Any) -> bool:

@@ -67,8 +67,8 @@ def terminal(command: str) -> dict:
 def test_the_flag_and_terminal_env_take_any_registered_backend_and_its_prepare_run_speaks():
     assert TOY in registry.names() and registry.names()[:3] == ("bwrap", "local", "docker")
     assert flag_checks.sandbox_kind("sandbox", f" {TOY.upper()} ") == TOY
-    with pytest.raises(FatalError, match="--sandbox must be one of bwrap, local, docker"):
-        flag_checks.sandbox_kind("sandbox", "modal")
+    with pytest.raises(FatalError, match=f"--sandbox must be one of bwrap, local, docker, {TOY}, got 'modal'"):
+        choose("modal", {}, SandboxSettings())
     for flag, environ in [(TOY, {}), (None, {"TERMINAL_ENV": TOY}), (TOY, {"TERMINAL_ENV": "docker"})]:
         settings, note = choose(flag, environ, SandboxSettings())
         assert (settings.kind, settings.image_kind, note) == (TOY, "docker", "sandbox: toy (for tests)")

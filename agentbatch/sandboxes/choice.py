@@ -20,9 +20,11 @@ def choose(
 ) -> tuple[SandboxSettings, str]:
     """The run's settings with its backends chosen, and the one line that says which (printed as the session starts).
 
-    `flag` is the checked --sandbox value (None: not given); `images`: whether any row names an image.
+    `flag` is the --sandbox value (None: not given); `images`: whether any row names an image.
     Each chosen backend's `prepare_run` runs here, once; FatalError when the one asked for cannot run.
     """
+    if flag is not None and flag not in registry.names():
+        raise FatalError(f"--sandbox must be one of {', '.join(registry.names())}, got {flag!r}")
     asked = flag or _from_environment(environ)
     if asked == AUTO:
         try:

@@ -1,25 +1,21 @@
 """The sandbox backends by name: importing a backend's module registers it (`@backend("name")`).
 
-A new kind of sandbox is one module with one registered class (docs/sandboxes.md); the `--sandbox` flag
-accepts exactly the registered names, and a sample's sandbox comes from `get(spec.kind)`.
+A new kind of sandbox is one module with one registered class (docs/sandboxes.md), imported by the
+plug-in loader (agentbatch/plugins.py) as the built-ins are; `--sandbox` accepts exactly the registered
+names, and a sample's sandbox comes from `get(spec.kind)`.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable
 
+from agentbatch import plugins
 from agentbatch.sandboxes.base import Backend
-
-# Until the plug-in loader (agentbatch/plugins.py) imports them with the rest, the first lookup does.
-# Their order is the order of `names()`: --help, error messages.
-BUILTIN_MODULES = ("agentbatch.sandboxes.bwrap", "agentbatch.sandboxes.local", "agentbatch.sandboxes.docker")
 
 _classes: dict[str, type[Backend]] = {}
 _instances: dict[str, Backend] = {}
 _lock = threading.Lock()
-_builtins_loaded = False
 
 
 def backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
@@ -41,25 +37,17 @@ def backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
 
 
 def names() -> tuple[str, ...]:
-    """Every registered kind: the built-ins in BUILTIN_MODULES' order, then the others as they registered."""
-    _load_builtins()
-    order = {module: i for i, module in enumerate(BUILTIN_MODULES)}
+    """Every registered kind: the built-ins in the loader's order, then the plug-ins' as they registered."""
+    plugins.load()
+    order = {module: i for i, module in enumerate(plugins.BUILTINS)}
     return tuple(sorted(_classes, key=lambda name: order.get(_classes[name].__module__, len(order))))
 
 
 def get(name: str) -> Backend:
     """This process's instance of the backend `name`; KeyError if no module registered it."""
-    _load_builtins()
+    plugins.load()
     with _lock:
         found = _instances.get(name)
         if found is None:
             found = _instances[name] = _classes[name]()
         return found
-
-
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if not _builtins_loaded:
-        for module in BUILTIN_MODULES:
-            importlib.import_module(module)
-        _builtins_loaded = True
