@@ -116,3 +116,23 @@ def test_a_name_is_one_backend_and_a_backend_is_a_backend():
     with pytest.raises(TypeError, match="not a subclass"):
         registry.backend("not-a-backend")(object)
     assert registry.get(TOY) is registry.get(TOY)  # one instance per process
+
+
+def test_a_backend_from_a_plugin_file_runs_samples_through_the_cli(tmp_path):
+    """--plugins names the module, --sandbox its backend: the note is its own, every worker makes its sandboxes."""
+    import json
+
+    from cli_helpers import ROOT, RunDir, assert_clean_exit, run_cli, write_dataset
+
+    write_dataset(tmp_path / "prompts.jsonl", ["where am I", "and I"])
+    script = [terminal("echo $SANDBOX_KIND"), {"content": "done"}]
+    args = ["--dataset_file=prompts.jsonl", "--batch_size=2", "--run_name=plugged", "--require_reasoning=false"]
+    args += ["--distribution=terminal_only", "--concurrency=2", "--num_workers=2"]
+    args += [f"--plugins={ROOT / 'tests' / 'plugins' / 'marked_sandbox.py'}", "--sandbox=marked"]
+    with ScriptedServer(default_script=script) as server:
+        run = run_cli(args, tmp_path, server)
+    assert_clean_exit(run)
+    assert run.stderr.splitlines()[0] == "sandbox: marked (a plug-in's)", run.stderr
+    records = RunDir(tmp_path / "data" / "plugged").trajectories()
+    outputs = [json.loads(t["value"])["output"] for r in records for t in r["conversations"] if t["from"] == "tool"]
+    assert outputs == ["marked\n", "marked\n"]
