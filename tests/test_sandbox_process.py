@@ -164,3 +164,39 @@ def test_the_thread_that_started_it_may_end_first(made):
     starter.join()
     time.sleep(0.5)
     assert talk(started[0], b"after its thread\n") == b"after its thread\n"
+
+
+WORKER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from agentbatch.sandboxes import registry
+from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec
+spec = SandboxSpec(SandboxSettings(kind=sys.argv[2], local_containment=sys.argv[3] or None))
+server = registry.get(spec.kind).create(spec).start(["sh", "-c", "sleep " + sys.argv[4] + " & cat"])
+server.stdin.write(b"up\\n")
+server.stdin.flush()
+print(server.stdout.readline().decode(), end="", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("kind", ["bwrap", "local-pidns"])
+def test_it_dies_with_its_worker_with_everything_it_started(kind):
+    """A worker killed with -9 cleans nothing up: the kernel ends its sandboxes' processes with it."""
+    import subprocess
+    import sys
+
+    from cli_helpers import ROOT
+
+    settings = spec_for(kind).settings  # skips where the machine cannot make it
+    marker = new_marker()
+    args = [str(ROOT), settings.kind, settings.local_containment or "", marker]
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, *args], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline() == "up\n"
+        assert pids_with(marker)
+        worker.kill()
+        worker.wait()
+        assert wait_gone(marker, 3.0) == []
+    finally:
+        worker.kill()
