@@ -18,6 +18,7 @@ import pytest
 from helpers import make_ctx as context
 from scripted_server import PNG_BYTES, ScriptedServer
 
+from agentbatch.limits import PromptLimits, SessionLimits
 from agentbatch.tools import browser as tools_browser
 from agentbatch.tools import browser_session
 from agentbatch.tools.context import ToolContext
@@ -254,6 +255,27 @@ def test_a_hung_renderer_is_killed_and_the_next_call_relaunches(site, monkeypatc
         assert "did not respond" in hung["error"]
         back = ok(ctx, "browser_navigate", url=f"{site}/page2.html")
         assert back["title"] == "Page two" and "restarted" in back["note"]
+    finally:
+        ctx.close()
+
+
+def test_the_prompts_time_limit_cuts_a_hanging_page_and_a_hung_renderer(site):
+    ctx = make_ctx(command_timeout=60)  # without the prompt's limit: 30 s a navigation, 40 s a hang
+    try:
+        ok(ctx, "browser_navigate", url=f"{site}/page2.html")  # the browser starts before the clock does
+        ctx.limits = SessionLimits(PromptLimits(seconds=3))
+        start = time.monotonic()
+        stalled = call(ctx, "browser_navigate", url=f"{site}/stall")
+        assert time.monotonic() - start < 3 + 5, "generous for a loaded machine, far below 30 s"
+        cut = re.search(r"Timeout (\d+)ms exceeded", stalled["error"])
+        assert cut and int(cut.group(1)) <= 3000, stalled
+        ok(ctx, "browser_navigate", url=f"{site}/spin.html")
+        time.sleep(1)  # the page's script loop has started
+        ctx.limits = SessionLimits(PromptLimits(seconds=2))
+        start = time.monotonic()
+        hung = call(ctx, "browser_snapshot")
+        assert time.monotonic() - start < 2 + browser_session.DEADLINE_GRACE + 5
+        assert "did not respond" in hung["error"]
     finally:
         ctx.close()
 

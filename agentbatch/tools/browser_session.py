@@ -61,6 +61,7 @@ CHROMIUM_ARGS = (
 LAUNCH_TIMEOUT = 60.0
 MAX_CONFIG_PATH = 50  # leaves room for Chromium's own temp dir and socket name under 107 bytes
 HANG_GRACE = 10.0  # beyond an operation's own timeout before the browser is declared hung
+DEADLINE_GRACE = 1.0  # beyond a caller's deadline: time for Playwright's own timeout error to come back first
 VIEWPORT = {"width": 1280, "height": 900}
 MARKER_FLAG = "--batch-runner-browser-session="
 
@@ -97,6 +98,7 @@ def launch_error(e: BaseException) -> str:
 @dataclass
 class _Task:
     fn: Callable[[Any], dict]
+    timeout: float
     started: threading.Event = field(default_factory=threading.Event)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
@@ -111,6 +113,14 @@ class Live:
         self.context: Any = None
         self.crashed: set[int] = set()
         self.ref_counter = 1  # refs are unique over the session, so a ref from an earlier page is never reused
+
+    def set_timeout(self, seconds: float) -> None:
+        """The Playwright timeout of the operations to come (each call brings its own, cut to its prompt's time)."""
+        ms = max(round(seconds * 1000), 1)  # whole milliseconds, as Playwright reports them; 0 would be none
+        if ms != self.timeout_ms:
+            self.timeout_ms = ms
+            self.context.set_default_timeout(ms)
+            self.context.set_default_navigation_timeout(ms)
 
     @property
     def page(self) -> Any:
@@ -140,17 +150,26 @@ class BrowserSession:
 
     # -- caller side -------------------------------------------------------------------------------------
 
-    def run(self, fn: Callable[[Live], dict], timeout: float | None = None) -> dict:
-        """Run fn(live) on the session thread and return its dict; raise BrowserError on a hang or failure."""
+    def run(self, fn: Callable[[Live], dict], timeout: float | None = None, deadline: float | None = None) -> dict:
+        """Run fn(live) on the session thread and return its dict; raise BrowserError on a hang or failure.
+
+        `timeout` is the Playwright timeout of fn's operations (the session's by default); `deadline`
+        (time.monotonic), when given, ends every wait here, the browser's start included.
+        """
         if self._closed or self.broken:
             raise BrowserError("the browser session is closed")
-        task = _Task(fn)
+        task = _Task(fn, max(timeout or self.timeout, 0.1))  # 0 would be no timeout at all to Playwright
+
+        def within(seconds: float) -> float:
+            return seconds if deadline is None else max(0.0, min(seconds, deadline + DEADLINE_GRACE - time.monotonic()))
+
         self._queue.put(task)
-        if not task.started.wait(LAUNCH_TIMEOUT):
+        launch = within(LAUNCH_TIMEOUT)
+        if not task.started.wait(launch):
             self._kill_browser()
             self._abandon_if_stuck(task)
-            raise BrowserError(f"the browser did not start within {LAUNCH_TIMEOUT:.0f}s")
-        limit = (timeout or self.timeout) + HANG_GRACE
+            raise BrowserError(f"the browser did not start within {launch:.0f}s")
+        limit = within(task.timeout + HANG_GRACE)
         try:
             return task.future.result(limit)
         except concurrent.futures.TimeoutError:
@@ -229,6 +248,7 @@ class BrowserSession:
                     continue
                 task.started.set()
                 try:
+                    live.set_timeout(task.timeout)
                     result = task.fn(live)
                     if note:
                         result.setdefault("note", note)
