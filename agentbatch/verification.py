@@ -164,9 +164,7 @@ def answer_matches(expected: str, message: str) -> bool:
     text = _normalise(message)
     value = _number(wanted)
     if value is not None:
-        return any(
-            _number(m.group()) == value and not _negated(text, m.start()) for m in _NUMBER_RUN.finditer(text)
-        )
+        return any(_number(m.group()) == value and not _negated(text, m.start()) for m in _NUMBER_RUN.finditer(text))
     # A phrase that starts or ends with a digit must not start or end inside a longer number.
     before = r"(?<![\w.,])(?<!(?<!\w)[-+\u2212])" if wanted[0].isdigit() else r"(?<!\w)"
     after = r"(?![.,]?\d)(?!\w)" if wanted[-1].isdigit() else r"(?!\w)"
