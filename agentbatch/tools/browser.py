@@ -17,9 +17,9 @@ from typing import Annotated, Any, Literal
 
 from agentbatch.model.client import ModelCallError
 from agentbatch.tools import url_policy
+from agentbatch.tools.browser_proxy import REFUSED_HEADER
 from agentbatch.tools.browser_scripts import IMAGES_JS, SCROLL_JS, SNAPSHOT_JS
 from agentbatch.tools.browser_session import (
-    REFUSED_HEADER,
     BrowserError,
     BrowserSession,
     Live,
