@@ -18,7 +18,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from agentbatch import sandboxes
 from agentbatch.budget import Budget, BudgetSettings, spent_in
 from agentbatch.dataset import Entry
 from agentbatch.errors import FatalError
@@ -31,6 +30,7 @@ from agentbatch.run_dir.merge import merge
 from agentbatch.run_dir.paths import FAILED, STATISTICS
 from agentbatch.run_dir.recorder import Recorder, RunFacts
 from agentbatch.run_statistics import Tally, format_summary
+from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
 from agentbatch.tools.registry import load_tools, unavailable_tools
 from agentbatch.work import PromptOutcome, PromptTask, RunConfig, now_iso
@@ -155,7 +155,7 @@ class Session:
             self.recorder.start()
         except OSError as e:
             raise FatalError(f"cannot write to {paths.dir}: {e.strerror}") from None
-        self._kinds = {s.cfg.sandbox.kind} | ({"docker"} if any(e.image for e in s.entries) else set())
+        self._kinds = s.cfg.sandbox.kinds(images=any(e.image for e in s.entries))
         self._reap(self._kinds)
         self._warn_unavailable_tools()
         # Matched by content (README, "Resume"): each row's identity, or the prompt text of older lines.
@@ -297,16 +297,14 @@ class Session:
         # another directory and is never touched.
         labels = {RUN_DIR_LABEL: owner_labels(self.files.dir, self.session_id)[RUN_DIR_LABEL]}
         for kind in kinds:
+            backend = sandbox_backends.get(kind)
             try:
-                n = sandboxes.reap(kind, labels)
+                n = backend.reap(labels)
             except Exception as e:  # no engine: a run that only may use it must not fail for it
                 log.info("no %s clean-up: %s", kind, e)
                 continue
             if n:
-                if kind == "docker":
-                    print(f"removed {n} containers {whose} of {self.cfg.run_name}", file=sys.stderr)
-                else:  # local and bwrap sandboxes are told apart by their dead worker, whatever the run
-                    print(f"removed {n} {kind} sandboxes whose worker had died", file=sys.stderr)
+                print(backend.reaped(n, f"{whose} of {self.cfg.run_name}"), file=sys.stderr)
 
     def _warn_unavailable_tools(self) -> None:
         """One warning per missing backend, for the toolsets this distribution can sample, once at start."""
