@@ -1,0 +1,59 @@
+"""Every server's tool list, read once per run at start (in the runner, before any model call).
+
+Each server is started as its samples will start it, asked for its tools and closed, all servers at once.
+A server that cannot be started, does not answer in time, or lists tools that cannot be offered stops
+the run with one line naming it; nothing has been spent yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from agentbatch.errors import FatalError
+from agentbatch.mcp import host, schemas
+from agentbatch.mcp.config import ServerConfig
+from agentbatch.mcp.connection import Connection, ServerError
+from agentbatch.mcp.pipes import ServerProcess
+
+# How a stdio server is started for its listing: on the host unless a sandbox backend says otherwise.
+Starter = Callable[[ServerConfig], ServerProcess]
+
+
+def list_tools(
+    servers: tuple[ServerConfig, ...], timeout: float, starter: Starter = host.start
+) -> tuple[schemas.McpTool, ...]:
+    """The tools of every server, in config order; FatalError naming the first server that fails."""
+    with ThreadPoolExecutor(max_workers=min(8, len(servers)), thread_name_prefix="mcp-list") as pool:
+        results = list(pool.map(lambda s: _one(s, timeout, starter), servers))
+    tools: list[schemas.McpTool] = []
+    for server, outcome in zip(servers, results, strict=True):
+        if isinstance(outcome, str):
+            raise FatalError(f"--mcp_config: server {server.name!r} {outcome}")
+        tools += outcome
+    return tuple(tools)
+
+
+def _one(server: ServerConfig, timeout: float, starter: Starter) -> tuple[schemas.McpTool, ...] | str:
+    """The server's offered tools, or why not (the rest of a one-line error)."""
+    process = None
+    if server.transport == "stdio":
+        try:
+            process = (host.start if server.shared else starter)(server)
+        except host.CommandNotFound as e:
+            return f"cannot start: {e}"
+        except OSError as e:
+            return f"cannot start {server.command!r}: {e.strerror or e}"
+    connection = Connection(server, process)
+    try:
+        connection.start(timeout)
+        listed = connection.list_tools(timeout)
+    except ServerError as e:
+        where = f" at {server.url}" if server.url else ""
+        return f"{where} {e}".strip() if where else str(e)
+    finally:
+        connection.close()
+    try:
+        return schemas.offered_tools(server, listed)
+    except schemas.ToolListError as e:
+        return f"has a tool list that cannot be offered: {e}"
