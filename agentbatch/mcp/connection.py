@@ -90,7 +90,9 @@ class Connection:
                     raise
         except BaseException as e:  # the owner's end is every caller's news: never raised out of the loop
             # Described once the transport has ended the process: its exit code is known, no wait on the loop.
-            reason = self._failure(inner or e, timed_out, settle=0.0)
+            # A transport's own failure (an HTTP connection refused) reaches the session as its cancellation.
+            first = e if inner is None or isinstance(inner, asyncio.CancelledError) else inner
+            reason = self._failure(first, timed_out, settle=0.0)
             self._ended = self._ended or reason
             if not started.done():
                 started.set_exception(ServerError(reason))
