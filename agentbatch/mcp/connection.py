@@ -38,7 +38,6 @@ class Connection:
     def __init__(self, server: ServerConfig, process: pipes.ServerProcess | None = None):
         self.server = server
         self.process = process
-        self.stderr = pipes.Stderr()
         self._session: ClientSession | None = None
         self._closing: asyncio.Event | None = None
         self._owner: Any = None
@@ -111,7 +110,7 @@ class Connection:
             client = create_mcp_http_client(headers=dict(self.server.headers) or None)
             return streamable_http_client(self.server.url, http_client=client)
         assert self.process is not None, "a stdio connection needs its started process"
-        return pipes.streams(self.process, self.stderr)
+        return pipes.streams(self.process)
 
     def list_tools(self, timeout: float) -> list[types.Tool]:
         """Every tool the server lists (all pages); ServerError if it cannot."""
@@ -190,7 +189,7 @@ class Connection:
         code = None if settle is None else self._exit_code(settle)
         if code is not None:
             what = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
-        line = self.stderr.last_line()
+        line = pipes.last_line(self.process.stderr()) if self.process is not None else ""
         return f"{what} (stderr: {line})" if line else what
 
     def _exit_code(self, settle: float) -> int | None:

@@ -1,4 +1,4 @@
-"""A stdio server started on the host: a shared server (once per worker), and every server's listing at start.
+"""A stdio server started on the host: a shared server (once per worker), and a shared server's listing at start.
 
 It gets the runner's PATH, HOME, USER and locale (not its credentials, withdrawn at start) plus the `env`
 of its config, runs in its own process group, and dies with the process that started it: it is started
@@ -7,16 +7,20 @@ by the MCP loop's thread, which lives as long as its process, under the kernel's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
+import threading
 
 from agentbatch.mcp import loop
 from agentbatch.mcp.config import ServerConfig
+from agentbatch.sandboxes.output import BoundedOutput
 
 # The runner's variables a server on the host sees (the MCP SDK's list, and the locale).
 INHERITED = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TMPDIR")
+STDERR_KEPT = 64 * 1024  # bytes kept from each end of a server's stderr
 
 
 class CommandNotFound(Exception):
@@ -24,24 +28,37 @@ class CommandNotFound(Exception):
 
 
 class HostProcess:
-    """A server process on the host: Popen's pipes and poll, and a kill of its whole process group."""
+    """A server process on the host (a sandboxes.base.Process): its pipes, its stderr kept bounded, a kill."""
 
     def __init__(self, popen: subprocess.Popen):
         self.popen = popen
-        self.stdin, self.stdout, self.stderr = popen.stdin, popen.stdout, popen.stderr
+        self.stdin, self.stdout = popen.stdin, popen.stdout
+        self._errors = BoundedOutput(STDERR_KEPT)
+        self._lock = threading.Lock()
+        # Drained all along: a server whose stderr pipe filled up would stop.
+        threading.Thread(target=self._drain, name="mcp-stderr", daemon=True).start()
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while data := self.popen.stderr.read1(65536):
+                with self._lock:
+                    self._errors.add(data)
+
+    def stderr(self) -> str:
+        with self._lock:
+            return self._errors.text()
 
     def poll(self) -> int | None:
         return self.popen.poll()
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        for pipe in (self.stdin, self.stdout):
+            with contextlib.suppress(OSError, ValueError):
+                pipe.close()
 
 
 def environment(server: ServerConfig) -> dict[str, str]:
@@ -70,7 +87,6 @@ def start(server: ServerConfig) -> HostProcess:
                 env=environment(server),
                 cwd=server.cwd,
                 start_new_session=True,
-                close_fds=True,
             )
         )
 
