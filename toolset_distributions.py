@@ -152,7 +152,7 @@ def _distribution(name: object, value: object, where: str, source: str) -> Distr
         if not isinstance(description, str):
             raise DistributionError(f"{where}: description must be a string")
     if not isinstance(value, dict) or not value:
-        raise DistributionError(f"{where}: expected toolsets with a percent each, e.g. {{\"web\": 50}}")
+        raise DistributionError(f'{where}: expected toolsets with a percent each, e.g. {{"web": 50}}')
     probabilities: dict[str, float] = {}
     for toolset, percent in value.items():
         if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 <= percent <= 100:
@@ -170,7 +170,9 @@ def check_toolsets(table: dict[str, Distribution], toolsets: Iterable[str]) -> N
     for d in table.values():
         unknown = [ts for ts in d.probabilities if ts not in known]
         if unknown:
-            where = f"--distributions_file {d.source}: distribution {d.name!r}" if d.source else f"distribution {d.name!r}"
+            where = (
+                f"--distributions_file {d.source}: distribution {d.name!r}" if d.source else f"distribution {d.name!r}"
+            )
             raise DistributionError(
                 f"{where} names the toolset {unknown[0]!r}, which this run does not have; "
                 f"its toolsets: {', '.join(known)}"

@@ -8,7 +8,6 @@ connection. The difference of the first two is the runner's own cost per call.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import threading
 import time

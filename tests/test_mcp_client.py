@@ -29,7 +29,7 @@ def connect(entry: dict, timeout: float = 30) -> Connection:
 @pytest.mark.parametrize(
     "data, says",
     [
-        ([], "expected {\"mcpServers\""),
+        ([], 'expected {"mcpServers"'),
         ({"mcpServers": {}}, "no server in mcpServers"),
         ({"mcpServers": {"a b": {"command": "x"}}}, "server name 'a b': use letters, digits"),
         ({"mcpServers": {"s": "x"}}, "server 's': expected an object"),

@@ -112,8 +112,10 @@ def _server(name: str, entry: dict, where: str, getenv: Callable[[str], str | No
     allowed = STDIO_KEYS if has_command else HTTP_KEYS
     unknown = [k for k in entry if k not in allowed and k not in IGNORED_KEYS]
     if unknown:
-        raise FatalError(f"{where}: unknown key {unknown[0]!r}; a {'stdio' if has_command else 'url'} server takes "
-                         f"{', '.join(sorted(allowed))}")
+        raise FatalError(
+            f"{where}: unknown key {unknown[0]!r}; a {'stdio' if has_command else 'url'} server takes "
+            f"{', '.join(sorted(allowed))}"
+        )
     expand = _expander(where, getenv)
     prefix = _string(entry, "prefix", where) or ""
     if prefix and not re.fullmatch(r"[A-Za-z0-9_-]*", prefix):

@@ -225,4 +225,3 @@ class Connection:
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(Exception):
                 self.process.kill()
-

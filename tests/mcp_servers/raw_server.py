@@ -31,7 +31,9 @@ def send(message):
 
 
 def text(request_id, value, error=False):
-    send({"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text", "text": value}], "isError": error}})
+    send(
+        {"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text", "text": value}], "isError": error}}
+    )
 
 
 def tools_list():
