@@ -9,7 +9,7 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
-from agentbatch import dataset_formats, flags, plugins, process_guard, sandboxes, secrets_guard
+from agentbatch import dataset_formats, flags, plugins, process_guard, sandboxes, secrets_guard, tool_set
 from agentbatch import flag_checks as check
 from agentbatch.budget import BudgetSettings
 from agentbatch.errors import FatalError
@@ -94,7 +94,16 @@ def run(raw: dict[str, Any]) -> int:
         # or from our memory: masked there, then the process is made unreadable (after: masking writes to it).
         secrets_guard.hide_from_proc([key])
         process_guard.forbid_inspection()
-        secrets = (key, *withdrawn.values(), *tools.secrets())
+        # The run's own tools (modules, MCP servers, whose tool lists are read now) and its distribution.
+        run_tools, distribution = tool_set.prepare(
+            f["tools"],
+            f["mcp_config"],
+            f["distributions_file"],
+            f["distribution"],
+            f["command_timeout"],
+            secrets_guard.getenv,
+        )
+        secrets = (key, *withdrawn.values(), *tools.secrets(), *run_tools.secrets())
         secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
         run_dir = os.path.join(f["output_dir"], f["run_name"])
         session_id = new_session_id()
@@ -131,11 +140,12 @@ def run(raw: dict[str, Any]) -> int:
             prefill=f["prefill_messages_file"] or [],
             secrets=secrets,
             plugins=plugins.loaded(),
+            tool_set=run_tools,
             sandbox_labels=owner_labels(run_dir, session_id),
         )
         files = RunFiles(run_dir, secrets=secrets)
         session = Session(
-            cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"], f["samples_per_prompt"]
+            cfg, files, entries, f["batch_size"], distribution, f["seed"], f["resume"], f["samples_per_prompt"]
         )
         session.dataset_file = f["dataset_file"]
         session.session_id = session_id
@@ -154,6 +164,13 @@ def run(raw: dict[str, Any]) -> int:
 
         return from_flags.after_session(f, secrets, code)
     return code
+
+
+def distributions_text(raw: dict[str, Any]) -> str:
+    """--list_distributions with a distributions file or the run's own tools: every distribution, checked."""
+    f = flags.parse(raw)
+    plugins.load(f["plugins"])
+    return tool_set.distribution_table(f["tools"], f["mcp_config"], f["distributions_file"])
 
 
 def _from_flags(cls: type[T], f: dict[str, Any], **given: Any) -> T:

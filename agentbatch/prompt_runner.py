@@ -17,6 +17,7 @@ from agentbatch.model.usage import Prices, Usage
 from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
 from agentbatch.secrets_guard import Redactor
 from agentbatch.tools.context import ToolContext
+from agentbatch.tool_set import ToolSet
 from agentbatch.tools.registry import offered_tools
 from agentbatch.tools.settings import ToolSettings
 from trajectory import build_record, has_think_block
@@ -42,8 +43,11 @@ class RunConfig:
     log_prefix_chars: int = 100
     # Every credential of the run: redacted from tool results before the endpoint sees them, and from logs.
     secrets: tuple[str, ...] = field(default=(), repr=False)
-    # The plug-in modules and files the run named (--plugins): every worker loads them at its start.
+    # The plug-in modules and files the run named (--plugins, --tools): every worker loads them at its start.
     plugins: tuple[str, ...] = ()
+    # The run's toolsets and tools (the built-ins and its own; tool_set.py): each line's tool_stats has an
+    # entry for every tool of it, and a worker registers its MCP tools at its start (install).
+    tool_set: ToolSet = field(default_factory=ToolSet)
     # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
     sandbox_labels: dict[str, str] = field(default_factory=dict)
 
@@ -155,6 +159,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             tool_schemas=result.tool_schemas,
             sample_index=task.sample_index,
             outcome=check.fields(),
+            tool_names=cfg.tool_set.names,
         )
         outcome.record = record
         if cfg.require_reasoning and not any(

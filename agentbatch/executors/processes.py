@@ -42,6 +42,7 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
         conn.close()
     _name_process("br-worker")
     plugins.load(cfg.plugins)  # a forked worker has them already; a spawned one imports them here
+    cfg.tool_set.install()  # the MCP servers' tools, as the runner listed them at start
     clients = Clients.for_config(cfg)  # one connection per thread, one TLS context for all
     # The imported modules are tens of thousands of objects that live as long as the process; a full
     # collection walks them all and pauses every thread of the worker (bench/RESULTS.md).

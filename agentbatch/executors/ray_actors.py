@@ -43,6 +43,7 @@ class PromptActor:
         process_guard.guard_worker(cfg.secrets, die_with_parent=False)  # Ray, not its parent, ends an actor
         self.cfg = cfg
         plugins.load(cfg.plugins)  # the files a run named must exist on the actor's node too
+        cfg.tool_set.install()  # the MCP servers' tools, as the runner listed them at start
         self.clients = Clients.for_config(cfg)
 
     def run(self, task: PromptTask) -> PromptOutcome:

@@ -65,8 +65,8 @@ def environment(server: ServerConfig) -> dict[str, str]:
     return {**{k: os.environ[k] for k in INHERITED if k in os.environ}, **server.env}
 
 
-def start(server: ServerConfig) -> HostProcess:
-    """Start the server's command on the host; CommandNotFound, or OSError when it cannot be started."""
+def start(server: ServerConfig, cwd: str | None = None) -> HostProcess:
+    """Start the server's command on the host (in `cwd`, else its config's); CommandNotFound, or OSError."""
     assert server.command is not None
     path = shutil.which(server.command)
     if path is None:
@@ -85,7 +85,7 @@ def start(server: ServerConfig) -> HostProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=environment(server),
-                cwd=server.cwd,
+                cwd=cwd or server.cwd,
                 start_new_session=True,
             )
         )
