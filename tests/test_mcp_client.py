@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 
 import pytest
 from mcp_helpers import HttpServer, fastmcp, filesystem, python_server, raw
 
 from agentbatch.errors import FatalError
-from agentbatch.mcp import config, host, listing, pipes, schemas
+from agentbatch.mcp import config, host, listing, loop, pipes, schemas
 from agentbatch.mcp.connection import Connection, ServerError
 from agentbatch.mcp.servers import Shared
 
@@ -174,6 +175,14 @@ def test_a_server_that_cannot_be_offered_stops_the_start_with_one_line(entry, sa
 def test_prefix_and_tools_choose_and_rename_what_is_offered():
     (tool,) = listing.list_tools(parse(s=raw("ok", prefix="raw_", tools=["whereami"])), 20)
     assert (tool.name, tool.remote_name, tool.server) == ("raw_whereami", "whereami", "s")
+
+
+def test_the_listing_leaves_the_runner_one_thread_again():
+    """The runner forks its workers only while it is one thread (executors/processes.py)."""
+    loop.stop()  # an earlier test's loop
+    before = threading.active_count()
+    listing.list_tools(parse(a=raw("ok"), b=raw("ok", shared=True, prefix="b_")), 20)
+    assert threading.active_count() == before, [t.name for t in threading.enumerate()]
 
 
 def test_a_streamable_http_server_on_loopback():

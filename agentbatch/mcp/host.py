@@ -36,7 +36,8 @@ class HostProcess:
         self._errors = BoundedOutput(STDERR_KEPT)
         self._lock = threading.Lock()
         # Drained all along: a server whose stderr pipe filled up would stop.
-        threading.Thread(target=self._drain, name="mcp-stderr", daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, name="mcp-stderr", daemon=True)
+        self._drainer.start()
 
     def _drain(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -56,7 +57,8 @@ class HostProcess:
             os.killpg(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5)
-        for pipe in (self.stdin, self.stdout):
+        self._drainer.join(5)  # its pipe ended with the process group
+        for pipe in (self.stdin, self.stdout, self.popen.stderr):
             with contextlib.suppress(OSError, ValueError):
                 pipe.close()
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from agentbatch.errors import FatalError
-from agentbatch.mcp import host, schemas
+from agentbatch.mcp import host, loop, schemas
 from agentbatch.mcp.config import ServerConfig
 from agentbatch.mcp.connection import Connection, ServerError
 from agentbatch.mcp.pipes import ServerProcess
@@ -24,8 +24,11 @@ def list_tools(
     servers: tuple[ServerConfig, ...], timeout: float, starter: Starter = host.start
 ) -> tuple[schemas.McpTool, ...]:
     """The tools of every server, in config order; FatalError naming the first server that fails."""
-    with ThreadPoolExecutor(max_workers=min(8, len(servers)), thread_name_prefix="mcp-list") as pool:
-        results = list(pool.map(lambda s: _one(s, timeout, starter), servers))
+    try:
+        with ThreadPoolExecutor(max_workers=min(8, len(servers)), thread_name_prefix="mcp-list") as pool:
+            results = list(pool.map(lambda s: _one(s, timeout, starter), servers))
+    finally:
+        loop.stop()  # the runner is one thread again when it forks its workers
     tools: list[schemas.McpTool] = []
     for server, outcome in zip(servers, results, strict=True):
         if isinstance(outcome, str):

@@ -113,8 +113,12 @@ async def streams(process: ServerProcess) -> AsyncIterator[tuple]:
     write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](math.inf)
     lines = _Lines(read_send)
     outbox: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_read, args=(process.stdout, loop, lines), name="mcp-stdout", daemon=True).start()
-    threading.Thread(target=_write, args=(process.stdin, outbox), name="mcp-stdin", daemon=True).start()
+    threads = [
+        threading.Thread(target=_read, args=(process.stdout, loop, lines), name="mcp-stdout", daemon=True),
+        threading.Thread(target=_write, args=(process.stdin, outbox), name="mcp-stdin", daemon=True),
+    ]
+    for t in threads:
+        t.start()
 
     async def forward() -> None:
         async for message in write_receive:
@@ -133,9 +137,16 @@ async def streams(process: ServerProcess) -> AsyncIterator[tuple]:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(lines.ended.wait(), EXIT_GRACE)
             # Whether it exited or not: the kill also ends what it left running, and closes its pipes.
-            await asyncio.to_thread(process.kill)
+            await asyncio.to_thread(_end, process, threads)
             for stream in (read_send, read_receive, write_send, write_receive):
                 stream.close()
+
+
+def _end(process: ServerProcess, threads: list[threading.Thread]) -> None:
+    """Kill the process, then wait a moment for its pipes' threads, which its closed pipes end."""
+    process.kill()
+    for t in threads:
+        t.join(EXIT_GRACE)
 
 
 def last_line(text: str) -> str:
