@@ -7,21 +7,34 @@ the run with one line naming it; nothing has been spent yet.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 
 from agentbatch.errors import FatalError
 from agentbatch.mcp import host, loop, schemas
 from agentbatch.mcp.config import ServerConfig
 from agentbatch.mcp.connection import Connection, ServerError
 from agentbatch.mcp.pipes import ServerProcess
+from agentbatch.sandboxes.base import SandboxError
 
-# How a stdio server is started for its listing: on the host unless a sandbox backend says otherwise.
-Starter = Callable[[ServerConfig], ServerProcess]
+# How a stdio server that runs in the samples' sandboxes is started for its listing: in a sandbox of the run's
+# kind, made for it and removed after (launch gives one); by default on the host.
+Starter = Callable[[ServerConfig], AbstractContextManager[ServerProcess]]
+
+
+@contextlib.contextmanager
+def on_host(server: ServerConfig) -> Iterator[ServerProcess]:
+    process = host.start(server)
+    try:
+        yield process
+    finally:
+        process.kill()
 
 
 def list_tools(
-    servers: tuple[ServerConfig, ...], timeout: float, starter: Starter = host.start
+    servers: tuple[ServerConfig, ...], timeout: float, starter: Starter = on_host
 ) -> tuple[schemas.McpTool, ...]:
     """The tools of every server, in config order; FatalError naming the first server that fails."""
     try:
@@ -39,23 +52,23 @@ def list_tools(
 
 def _one(server: ServerConfig, timeout: float, starter: Starter) -> tuple[schemas.McpTool, ...] | str:
     """The server's offered tools, or why not (the rest of a one-line error)."""
-    process = None
-    if server.transport == "stdio":
+    with contextlib.ExitStack() as stack:
+        process = None
+        if server.transport == "stdio":
+            try:
+                process = stack.enter_context((starter if server.in_sandbox else on_host)(server))
+            except host.CommandNotFound as e:
+                return f"cannot start: {e}"
+            except (OSError, SandboxError) as e:
+                return f"cannot start {server.command!r}: {getattr(e, 'strerror', None) or e}"
+        connection = Connection(server, process)
         try:
-            process = (host.start if server.shared else starter)(server)
-        except host.CommandNotFound as e:
-            return f"cannot start: {e}"
-        except OSError as e:
-            return f"cannot start {server.command!r}: {e.strerror or e}"
-    connection = Connection(server, process)
-    try:
-        connection.start(timeout)
-        listed = connection.list_tools(timeout)
-    except ServerError as e:
-        where = f" at {server.url}" if server.url else ""
-        return f"{where} {e}".strip() if where else str(e)
-    finally:
-        connection.close()
+            connection.start(timeout)
+            listed = connection.list_tools(timeout)
+        except ServerError as e:
+            return f"at {server.url} {e}" if server.url else str(e)
+        finally:
+            connection.close()
     try:
         return schemas.offered_tools(server, listed)
     except schemas.ToolListError as e:
