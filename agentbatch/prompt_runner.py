@@ -7,13 +7,14 @@ import traceback
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from agentbatch import sandboxes, verification
+from agentbatch import verification
 from agentbatch.agent_loop import run_agent
 from agentbatch.limits import PromptLimits, SessionLimits
 from agentbatch.model import registry as models
 from agentbatch.model.base import Model, ModelCallError
 from agentbatch.model.client import ModelClient, ModelSettings
 from agentbatch.model.usage import Prices, Usage
+from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
 from agentbatch.secrets_guard import Redactor
 from agentbatch.tools.context import ToolContext
@@ -129,7 +130,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
         spec = SandboxSpec(
             cfg.sandbox, image=task.image, cwd=task.cwd, run_name=cfg.run_name, labels=dict(cfg.sandbox_labels)
         )
-        sandboxes.prepare(spec)  # before any model call: an unavailable image costs no tokens
+        sandbox_backends.get(spec.kind).prepare(spec)  # before any model call: an absent image costs no tokens
         limits = SessionLimits(cfg.limits, usage)  # the time limit counts from here, after the image check
         ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
         if task.setup:  # before any model call too: a task whose files cannot be made costs no tokens
@@ -178,7 +179,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             outcome.error += "\n" + traceback.format_exc()
     finally:
         if ctx is not None:
-            ctx.close()
+            ctx.close(interrupted=outcome.status == "failed")
         outcome.usage = usage.as_dict()
         outcome.seconds = time.monotonic() - start
     return outcome
