@@ -21,7 +21,7 @@ from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.model.usage import Prices
 from agentbatch.prompt_runner import RunConfig
 from agentbatch.run_files import RunFiles
-from agentbatch.sandboxes.base import SandboxSettings, owner_labels
+from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec, owner_labels
 from agentbatch.sandboxes.choice import choose as choose_sandboxes
 from agentbatch.session import Session, new_session_id
 from agentbatch.tools import settings as tool_settings
@@ -110,7 +110,9 @@ def run(raw: dict[str, Any]) -> int:
         # or from our memory: masked there, then the process is made unreadable (after: masking writes to it).
         secrets_guard.hide_from_proc([key])
         process_guard.forbid_inspection()
-        # The run's own tools (modules, MCP servers, whose tool lists are read now) and its distribution.
+        run_dir = os.path.join(f["output_dir"], f["run_name"])
+        session_id = new_session_id()
+        # The run's own tools (modules; MCP servers, whose tool lists are read now) and its distribution.
         run_tools, distribution = tool_set.prepare(
             f["tools"],
             f["mcp_config"],
@@ -118,11 +120,10 @@ def run(raw: dict[str, Any]) -> int:
             f["distribution"],
             f["command_timeout"],
             secrets_guard.getenv,
+            SandboxSpec(sandbox, run_name=f["run_name"], labels=owner_labels(run_dir, session_id)),
         )
         secrets = (key, *withdrawn.values(), *tools.secrets(), *run_tools.secrets())
         secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
-        run_dir = os.path.join(f["output_dir"], f["run_name"])
-        session_id = new_session_id()
         plan = layout(f["num_workers"], f["concurrency"], f["ray_address"])
         cfg = _from_flags(
             RunConfig,

@@ -17,8 +17,8 @@ from agentbatch.model.usage import Prices, Usage
 from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
 from agentbatch.secrets_guard import Redactor
-from agentbatch.tools.context import ToolContext
 from agentbatch.tool_set import ToolSet
+from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import offered_tools
 from agentbatch.tools.settings import ToolSettings
 from trajectory import build_record, has_think_block

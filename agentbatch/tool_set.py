@@ -16,6 +16,7 @@ from typing import Any
 
 from agentbatch import plugins
 from agentbatch.errors import FatalError
+from agentbatch.sandboxes.base import SandboxSpec
 from agentbatch.secrets_guard import Redactor
 from agentbatch.tools import registry
 from toolset_distributions import (
@@ -107,15 +108,16 @@ def prepare(
     distribution: str,
     timeout: float,
     getenv: Callable[[str], str | None],
-    start_in_sandbox: Callable | None = None,
+    sandbox: SandboxSpec | None = None,
 ) -> tuple[ToolSet, Distribution]:
     """The run's tool set and distribution from its flags, before any model call; FatalError naming the problem.
 
     In order, so that what is quick to check fails first: each --tools module is loaded (through the plug-in
     loader, so the workers load it too) and must declare a tool; --mcp_config is read (a server's name is
     its toolset's); the distribution is chosen and every distribution checked against those toolsets; then
-    each MCP server is started and asked for its tools, which are registered in this process (a worker
-    registers them from RunConfig.tool_set at its start).
+    each MCP server is started as its samples will start it (in a sandbox like `sandbox`, unless shared) and
+    asked for its tools, which are registered in this process (a worker registers them from
+    RunConfig.tool_set at its start).
     """
     toolsets, sources = _modules(tool_modules)
     servers: tuple = ()
@@ -130,7 +132,7 @@ def prepare(
     dist = _distribution(distributions_file, distribution, [*toolsets, *(s.name for s in servers)])
     setup = None
     if servers:
-        setup = _listed(mcp_config, servers, timeout, start_in_sandbox)
+        setup = _listed(mcp_config, servers, timeout, sandbox)
         toolsets.update(setup.toolsets())
     return ToolSet(toolsets, sources, setup), dist
 
@@ -181,12 +183,13 @@ def _distribution(path: str | None, name: str, toolsets: list[str]) -> Distribut
         raise FatalError(str(e)) from None
 
 
-def _listed(path: str, servers: tuple, timeout: float, start_in_sandbox: Callable | None):
+def _listed(path: str, servers: tuple, timeout: float, sandbox: SandboxSpec | None):
     """The servers' tools, listed and registered here; what a failure says is redacted of their env and headers."""
     mcp = _mcp_package()
     redact = Redactor(v for s in servers for v in s.secrets())
     try:
-        listed = mcp.listing.list_tools(servers, timeout, *([start_in_sandbox] if start_in_sandbox else []))
+        starter = mcp.listing.in_sandboxes(sandbox) if sandbox is not None else mcp.listing.on_host
+        listed = mcp.listing.list_tools(servers, timeout, starter)
         setup = mcp.tools.McpSetup(servers, listed)
         mcp.tools.install(setup)
     except FatalError as e:

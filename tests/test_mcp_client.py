@@ -14,6 +14,7 @@ from agentbatch.errors import FatalError
 from agentbatch.mcp import config, host, listing, loop, pipes, schemas
 from agentbatch.mcp.connection import Connection, ServerError
 from agentbatch.mcp.servers import Shared
+from agentbatch.sandboxes.output import MAX_KEPT_OUTPUT
 
 
 def parse(**entries):
@@ -146,7 +147,7 @@ def test_a_servers_stderr_is_kept_to_its_tail():
     try:
         assert schemas.result(connection.call("shout", {}, 20)) == {"content": "shouted"}
         kept = connection.process.stderr()
-        assert len(kept) <= 3 * host.STDERR_KEPT and "bytes cut]" in kept
+        assert len(kept) <= 2 * MAX_KEPT_OUTPUT + 100 and "bytes cut]" in kept
         assert pipes.last_line(kept) == "raw_server: done shouting"
     finally:
         connection.close()

@@ -13,11 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 
 from agentbatch.errors import FatalError
-from agentbatch.mcp import host, loop, schemas
+from agentbatch.mcp import host, loop, schemas, servers
 from agentbatch.mcp.config import ServerConfig
 from agentbatch.mcp.connection import Connection, ServerError
 from agentbatch.mcp.pipes import ServerProcess
-from agentbatch.sandboxes.base import SandboxError
+from agentbatch.sandboxes.base import SandboxError, SandboxSpec
+from agentbatch.sandboxes.process import stop_lasting_thread
+from agentbatch.sandboxes.sample import SampleSandbox
 
 # How a stdio server that runs in the samples' sandboxes is started for its listing: in a sandbox of the run's
 # kind, made for it and removed after (launch gives one); by default on the host.
@@ -33,6 +35,25 @@ def on_host(server: ServerConfig) -> Iterator[ServerProcess]:
         process.kill()
 
 
+def in_sandboxes(spec: SandboxSpec) -> Starter:
+    """A starter of each server in a sandbox of the run's kind, made for its listing and removed after."""
+
+    @contextlib.contextmanager
+    def start(server: ServerConfig) -> Iterator[ServerProcess]:
+        box = SampleSandbox(spec)
+        try:
+            box.backend.prepare(spec)
+            process = servers.start_in_sandbox(box.get(), server)
+            try:
+                yield process
+            finally:
+                process.kill()
+        finally:
+            box.close()
+
+    return start
+
+
 def list_tools(
     servers: tuple[ServerConfig, ...], timeout: float, starter: Starter = on_host
 ) -> tuple[schemas.McpTool, ...]:
@@ -40,8 +61,9 @@ def list_tools(
     try:
         with ThreadPoolExecutor(max_workers=min(8, len(servers)), thread_name_prefix="mcp-list") as pool:
             results = list(pool.map(lambda s: _one(s, timeout, starter), servers))
-    finally:
-        loop.stop()  # the runner is one thread again when it forks its workers
+    finally:  # the runner is one thread again when it forks its workers
+        loop.stop()
+        stop_lasting_thread()
     tools: list[schemas.McpTool] = []
     for server, outcome in zip(servers, results, strict=True):
         if isinstance(outcome, str):

@@ -14,16 +14,13 @@ What the model sees is the server's result, or `{"error": ...}` saying why there
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 from agentbatch.mcp import host, schemas
 from agentbatch.mcp.config import ServerConfig
 from agentbatch.mcp.connection import Connection, ServerError
-from agentbatch.mcp.pipes import ServerProcess
+from agentbatch.sandboxes.base import Process, Sandbox, SandboxError
 from agentbatch.tools.context import ToolContext
 
-# How a server is started inside a sample's sandbox (the sandbox's own process, ended with it).
-SandboxStarter = Callable[[ToolContext, ServerConfig], ServerProcess]
 _RESOURCE = "mcp_connections"
 
 
@@ -62,18 +59,12 @@ class Shared:
 SHARED = Shared()
 
 
-def call(
-    ctx: ToolContext,
-    server: ServerConfig,
-    tool: schemas.McpTool,
-    arguments: dict,
-    start_in_sandbox: SandboxStarter,
-) -> dict:
+def call(ctx: ToolContext, server: ServerConfig, tool: schemas.McpTool, arguments: dict) -> dict:
     """The model's call of one MCP tool: the server's result as JSON, or {"error": why there is none}."""
     timeout = ctx.settings.command_timeout  # cut to the sample's time left
     try:
         if server.in_sandbox:
-            connection = _in_sample(ctx, server, timeout, start_in_sandbox)
+            connection = _in_sample(ctx, server, timeout)
         else:
             connection = SHARED.get(server, timeout)
         reply = connection.call(tool.remote_name, arguments, ctx.settings.command_timeout)
@@ -83,10 +74,21 @@ def call(
         return {"error": f"MCP server {server.name!r} cannot start: {e}"}
     except OSError as e:
         return {"error": f"MCP server {server.name!r} cannot start: {e.strerror or e}"}
+    except SandboxError as e:
+        return {"error": f"MCP server {server.name!r} cannot start in the sandbox: {e}"}
     return schemas.result(reply)
 
 
-def _in_sample(ctx: ToolContext, server: ServerConfig, timeout: float, start: SandboxStarter) -> Connection:
+def start_in_sandbox(sandbox: Sandbox, server: ServerConfig) -> Process:
+    """The server's command started in a sandbox (in its working directory, or the config's `cwd`), with its `env`."""
+    assert server.command is not None
+    argv = [server.command, *server.args]
+    if server.cwd:
+        argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', server.cwd, *argv]
+    return sandbox.start(argv, env=dict(server.env))
+
+
+def _in_sample(ctx: ToolContext, server: ServerConfig, timeout: float) -> Connection:
     """The sample's own connection to the server, started in its sandbox at the first call."""
     connections: dict[str, Connection] | None = ctx.resources.get(_RESOURCE)
     if connections is None:
@@ -94,6 +96,6 @@ def _in_sample(ctx: ToolContext, server: ServerConfig, timeout: float, start: Sa
         ctx.on_cleanup(lambda: [c.close() for c in connections.values()])
     connection = connections.get(server.name)
     if connection is None:
-        connection = connections[server.name] = Connection(server, start(ctx, server))
+        connection = connections[server.name] = Connection(server, start_in_sandbox(ctx.sandbox(), server))
         connection.start(timeout)
     return connection

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 from agentbatch.mcp import schemas, servers
 from agentbatch.mcp.config import ServerConfig
-from agentbatch.mcp.pipes import ServerProcess
-from agentbatch.sandboxes.base import SandboxError
 from agentbatch.tools import registry
 from agentbatch.tools.context import ToolContext
 
@@ -62,18 +60,7 @@ def install(setup: McpSetup) -> None:
 
 def _caller(server: ServerConfig, tool: schemas.McpTool):
     def call(ctx: ToolContext, **arguments) -> dict:
-        return servers.call(ctx, server, tool, arguments, start_in_sandbox)
+        return servers.call(ctx, server, tool, arguments)
 
     call.__qualname__ = f"mcp.{server.name}.{tool.remote_name}"
     return call
-
-
-def start_in_sandbox(ctx: ToolContext, server: ServerConfig) -> ServerProcess:
-    """The server's command started in the sample's sandbox, in its working directory (or the config's cwd)."""
-    from agentbatch.mcp import host
-
-    sandbox = ctx.sandbox()
-    try:
-        return host.start(server, cwd=server.cwd or sandbox.workdir)
-    except OSError as e:
-        raise SandboxError(f"cannot start {server.command!r}: {e.strerror or e}") from e

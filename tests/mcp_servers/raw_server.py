@@ -3,7 +3,7 @@
 argv[1] is the mode: `ok` serves its tools; `hang` never answers its initialization; `invalid_list` lists a
 tool whose input schema is not an object; `bad_name` lists a tool whose name endpoints reject.
 Tools: `whereami` (its working directory, pid and the variable MCP_TEST_VALUE), `crash` (exits mid-call),
-`stall` (never answers), `shout` (1 MB on stderr, then an answer), `fail` (a result marked isError).
+`stall` (never answers), `shout` (6 MB on stderr, then an answer), `fail` (a result marked isError).
 """
 
 import json
@@ -55,7 +55,7 @@ def call(request_id, name, arguments):
     elif name == "stall":
         time.sleep(3600)
     elif name == "shout":
-        for _ in range(1024):
+        for _ in range(6 * 1024):
             sys.stderr.write("x" * 1023 + "\n")
         sys.stderr.write("raw_server: done shouting\n")
         sys.stderr.flush()
