@@ -15,6 +15,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 RAW_SERVER = HERE / "mcp_servers" / "raw_server.py"
 FASTMCP_SERVER = HERE / "mcp_servers" / "fastmcp_server.py"
+BUSYBOX_SERVER = HERE / "mcp_servers" / "busybox_server.sh"  # for the Docker test images: busybox sh only
 FILESYSTEM_SERVER = HERE / "npm" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
 # Debian's python: the one a bwrap sandbox sees (the runner's may live below a directory it does not).
 SYSTEM_PYTHON = "/usr/bin/python3"

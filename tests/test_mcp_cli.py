@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, run_cli, thinking, write_dataset
-from mcp_helpers import HttpServer, fastmcp, filesystem, python_server, raw
+from mcp_helpers import BUSYBOX_SERVER, HttpServer, fastmcp, filesystem, python_server, raw, raw_inline
 from scripted_server import ScriptedServer
 
 from toolset_distributions import ALL_TOOL_NAMES
@@ -179,7 +180,11 @@ def test_a_servers_env_reaches_it_alone_and_is_redacted_from_every_output(tmp_pa
     [
         ({"raw": raw("hang")}, "error: --mcp_config: server 'raw' did not answer its initialization in 3 s"),
         ({"raw": raw("invalid_list")}, "error: --mcp_config: server 'raw' sent a reply that is not valid MCP"),
-        ({"raw": {"command": "no-such-server-binary"}}, "server 'raw' cannot start: command 'no-such-server-binary'"),
+        ({"raw": {"command": "no-such-server-binary"}}, "exec: no-such-server-binary: not found); it runs in each"),
+        (
+            {"raw": {"command": "no-such-server-binary", "shared": True}},
+            "cannot start: command 'no-such-server-binary'",
+        ),
         ({"raw": raw("ok", shraed=True)}, "server 'raw': unknown key 'shraed'"),
         ({"web": raw("ok")}, "server 'web': its name is a built-in toolset; rename it"),
         (
@@ -198,3 +203,57 @@ def test_a_server_that_cannot_be_used_stops_the_run_before_any_model_call(tmp_pa
     assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert SECRET not in proc.stderr
     assert not (tmp_path / "data" / "mcp").exists()
+
+
+def test_a_stdio_server_inside_a_bwrap_sandbox(tmp_path):
+    from agentbatch.sandboxes import bwrap
+    from agentbatch.sandboxes.base import SandboxSettings
+
+    why_not = bwrap.probe(SandboxSettings(kind="bwrap"))
+    if why_not:
+        pytest.skip(f"bwrap does not work here: {why_not}")
+    script = {"where": [calls(("whereami", {})), thinking("here")]}
+    servers = {"raw": raw_inline("ok", env={"MCP_TEST_VALUE": "seen"})}  # the test files are not in its view
+    with ScriptedServer(script=script) as server:
+        proc = run(tmp_path, server, servers, ["where"], {"raw": 100}, "--sandbox=bwrap")
+    assert_clean_exit(proc)
+    (line,) = RunDir(tmp_path / "data" / "mcp").trajectories()
+    where = json.loads(results(line)[0][1]["content"])
+    # In the sample's sandbox: its working directory, and a PID namespace of its own.
+    assert where["cwd"] == "/workspace" and where["pid"] < 10 and where["value"] == "seen"
+
+
+def test_a_server_a_bwrap_sandbox_cannot_see_stops_the_start_with_a_hint(tmp_path):
+    from agentbatch.sandboxes import bwrap
+    from agentbatch.sandboxes.base import SandboxSettings
+
+    if bwrap.probe(SandboxSettings(kind="bwrap")):
+        pytest.skip("bwrap does not work here")
+    with ScriptedServer(script={}) as server:
+        proc = run(tmp_path, server, {"raw": raw("ok")}, ["q"], {"raw": 100}, "--sandbox=bwrap")
+    assert_clean_exit(proc, 2)
+    assert "server 'raw' exited with code 2" in proc.stderr and "can't open file" in proc.stderr
+    assert '"shared": true' in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.docker
+def test_a_stdio_server_inside_a_docker_sandbox(tmp_path, docker_images, docker_run_name):
+    script = {"where": [calls(("where", {})), thinking("in the container")]}
+    servers = {"box": {"command": "sh", "args": ["-c", BUSYBOX_SERVER.read_text()]}}
+    with ScriptedServer(script=script) as server:
+        proc = run(
+            tmp_path,
+            server,
+            servers,
+            ["where"],
+            {"box": 100},
+            "--sandbox=docker",
+            f"--docker_image={docker_images[0]}",
+            name=docker_run_name,
+        )
+    assert_clean_exit(proc)
+    (line,) = RunDir(tmp_path / "data" / docker_run_name).trajectories()
+    (answer,) = results(line)
+    assert answer[0] == "where" and answer[1]["content"].endswith(" in /workspace")
+    host = answer[1]["content"].split()[1]
+    assert len(host) == 12 and host != socket.gethostname()  # a container's name for itself

@@ -88,7 +88,11 @@ def _one(server: ServerConfig, timeout: float, starter: Starter) -> tuple[schema
             connection.start(timeout)
             listed = connection.list_tools(timeout)
         except ServerError as e:
-            return f"at {server.url} {e}" if server.url else str(e)
+            if server.url:
+                return f"at {server.url} {e}"
+            if server.in_sandbox and "exited with code" in str(e):  # most often: it is not where samples run
+                return f'{e}; it runs in each sample\'s sandbox: is its command there? (else "shared": true)'
+            return str(e)
         finally:
             connection.close()
     try:
