@@ -59,7 +59,7 @@ def install(setup: McpSetup) -> None:
 
 
 def _caller(server: ServerConfig, tool: schemas.McpTool):
-    def call(ctx: ToolContext, **arguments) -> dict:
+    def call(ctx: ToolContext, /, **arguments) -> dict:  # any argument name, "ctx" too, is the server's
         return servers.call(ctx, server, tool, arguments)
 
     call.__qualname__ = f"mcp.{server.name}.{tool.remote_name}"
