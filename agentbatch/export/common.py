@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from toolset_distributions import ALL_TOOL_NAMES
 from trajectory import first_human, no_check, unknown_tools
 
 try:  # 3-5x faster than json on long lines: most of a large export's time is parsing (bench/RESULTS.md, (7))
@@ -239,6 +240,7 @@ class ExportContext:
     checkpoint: dict
     statistics: dict
     filters: Filters
+    tool_names: tuple[str, ...] = ALL_TOOL_NAMES  # the run's tools (tools.json): the built-ins and its own
 
 
 class FormatWriter(Protocol):
