@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
@@ -50,20 +51,15 @@ class Connection:
 
     def start(self, timeout: float) -> None:
         """Open the transport and initialize within `timeout` s; ServerError saying why not."""
-        started: asyncio.Future | None = None
 
-        async def begin() -> asyncio.Future:
-            nonlocal started
+        async def begin() -> None:
             self._closing = asyncio.Event()
             started = asyncio.get_running_loop().create_future()
             self._owner = asyncio.ensure_future(self._own(started, timeout))
-            return started
-
-        async def wait() -> None:
-            await asyncio.shield(await begin())
+            await asyncio.shield(started)  # a timeout here leaves the owner to close()
 
         try:
-            loop.run(wait(), timeout + SLACK)
+            loop.run(begin(), timeout + SLACK)
         except TimeoutError:
             self.close()
             raise ServerError(self._why(f"did not answer its initialization in {timeout:g} s")) from None
@@ -155,8 +151,6 @@ class Connection:
 
     def _failure(self, e: BaseException, timed_out: str, settle: float = 0.5) -> str:
         """One line saying why a request (or the whole connection) failed."""
-        import httpx2
-
         while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
             e = e.exceptions[0]
         if isinstance(e, TimeoutError):
