@@ -3,6 +3,7 @@ reported by number and reason."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ _IMAGE_RE = re.compile(
 
 @dataclass
 class Entry:
-    """One valid dataset row."""
+    """One valid dataset row; its `identity` is task_identity of its task unless the row's format gives one."""
 
     line: int
     prompt: str
@@ -29,6 +30,21 @@ class Entry:
     setup: str | None = None
     verify: str | None = None
     answers: tuple[str, ...] = ()
+    identity: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            self.identity = task_identity(
+                self.prompt, self.image, self.cwd, self.setup, self.verify, list(self.answers)
+            )
+
+
+def task_identity(*task: object) -> str:
+    """What tells a row's task from every other (README, "Resume"): a hash of all of it, prompt, image, cwd,
+    setup, verify and answers (and a format's own parts, such as a task directory's files, given after them).
+    Rows alike in all of it are the same task; a row's finished lines carry it, and resume matches on it."""
+    text = json.dumps(task, ensure_ascii=False)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 @dataset_format("jsonl")

@@ -9,7 +9,7 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
-from agentbatch import dataset_formats, flags, plugins, process_guard, secrets_guard, tool_set
+from agentbatch import dataset_formats, flags, plugins, process_guard, run_tools, secrets_guard
 from agentbatch import flag_checks as check
 from agentbatch.budget import BudgetSettings
 from agentbatch.errors import FatalError
@@ -19,12 +19,11 @@ from agentbatch.limits import PromptLimits
 from agentbatch.model import registry as models
 from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.model.usage import Prices
-from agentbatch.prompt_runner import RunConfig
-from agentbatch.run_files import RunFiles
 from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec, owner_labels
 from agentbatch.sandboxes.choice import choose as choose_sandboxes
-from agentbatch.session import Session, new_session_id
+from agentbatch.session import Session, SessionSettings, new_session_id
 from agentbatch.tools import settings as tool_settings
+from agentbatch.work import RunConfig
 
 T = TypeVar("T")
 # Containers created at once per core by default: the engine's best parallelism (bench/RESULTS.md, (12)).
@@ -113,7 +112,7 @@ def run(raw: dict[str, Any]) -> int:
         run_dir = os.path.join(f["output_dir"], f["run_name"])
         session_id = new_session_id()
         # The run's own tools (modules; MCP servers, whose tool lists are read now) and its distribution.
-        run_tools, distribution = tool_set.prepare(
+        own_tools, distribution = run_tools.prepare(
             f["tools"],
             f["mcp_config"],
             f["distributions_file"],
@@ -122,7 +121,7 @@ def run(raw: dict[str, Any]) -> int:
             secrets_guard.getenv,
             SandboxSpec(sandbox, run_name=f["run_name"], labels=owner_labels(run_dir, session_id)),
         )
-        secrets = (key, *withdrawn.values(), *tools.secrets(), *run_tools.secrets())
+        secrets = (key, *withdrawn.values(), *tools.secrets(), *own_tools.secrets())
         secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
         plan = layout(f["num_workers"], f["concurrency"], f["ray_address"])
         cfg = _from_flags(
@@ -145,37 +144,48 @@ def run(raw: dict[str, Any]) -> int:
             prefill=f["prefill_messages_file"] or [],
             secrets=secrets,
             plugins=plugins.loaded(),
-            tool_set=run_tools,
+            tool_set=own_tools,
             sandbox_labels=owner_labels(run_dir, session_id),
         )
-        files = RunFiles(run_dir, secrets=secrets)
         session = Session(
-            cfg, files, entries, f["batch_size"], distribution, f["seed"], f["resume"], f["samples_per_prompt"]
+            SessionSettings(
+                cfg,
+                run_dir,
+                entries,
+                f["batch_size"],
+                distribution,
+                seed=f["seed"],
+                resume=f["resume"],
+                samples_per_prompt=f["samples_per_prompt"],
+                dataset_file=f["dataset_file"],
+                session_id=session_id,
+                sandbox_note=sandbox_note,
+                budget=BudgetSettings(
+                    f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
+                ),
+                progress_seconds=f["progress_seconds"],
+                slots=plan.sessions,
+                priced=priced or reports_cost(base_url),
+                at_end=_export_at_end(f, secrets) if f["export"] else None,
+            )
         )
-        session.dataset_file = f["dataset_file"]
-        session.session_id = session_id
-        session.sandbox_note = sandbox_note
-        session.budget_settings = BudgetSettings(
-            f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
-        )
-        session.progress_seconds = f["progress_seconds"]
-        session.priced = priced or reports_cost(base_url)
-        session.slots = plan.sessions
         # Made before the session runs: local workers start now, while the runner is still one thread.
         ex = stack.enter_context(closing(executor(cfg, plan, f["ray_address"])))
-        code = session.run(ex)
-    if f["export"]:
-        from agentbatch.export import from_flags
+        return session.run(ex)
 
-        return from_flags.after_session(f, secrets, code)
-    return code
+
+def _export_at_end(f: dict[str, Any], secrets: tuple[str, ...]):
+    """The exports asked for with a run: written as its session ends, before it lets the run directory go."""
+    from agentbatch.export import from_flags
+
+    return lambda code: from_flags.after_session(f, secrets, code)
 
 
 def distributions_text(raw: dict[str, Any]) -> str:
     """--list_distributions with a distributions file or the run's own tools: every distribution, checked."""
     f = flags.parse(raw)
     plugins.load(f["plugins"])
-    return tool_set.distribution_table(f["tools"], f["mcp_config"], f["distributions_file"])
+    return run_tools.distribution_table(f["tools"], f["mcp_config"], f["distributions_file"])
 
 
 def _from_flags(cls: type[T], f: dict[str, Any], **given: Any) -> T:

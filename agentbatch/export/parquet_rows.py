@@ -63,28 +63,32 @@ def layout(names: tuple[str, ...] = ALL_TOOL_NAMES) -> Layout:
 
 def _schema(names: tuple[str, ...]) -> pa.Schema:
     return pa.schema(
-    [
-        ("prompt_index", _i),
-        ("sample_index", _i),
-        ("conversations", pa.list_(TURN)),
-        ("metadata", pa.struct([("batch_num", _i), ("timestamp", _s), ("model", _s)])),
-        ("completed", pa.bool_()),
-        ("partial", pa.bool_()),
-        ("stop_reason", _s),
-        ("api_calls", _i),
-        ("toolsets_used", pa.list_(_s)),
-        ("tool_stats", pa.struct([(name, _STATS) for name in names])),
-        ("tool_error_counts", pa.struct([(name, _i) for name in names])),
-        (
-            "usage",
-            pa.struct([("prompt_tokens", _i), ("completion_tokens", _i), ("total_tokens", _i), ("cost", pa.float64())]),
-        ),
-        ("tools", _s),
-        ("reward", pa.float64()),
-        ("passed", pa.bool_()),
-        ("extra", _s),
-    ]
-)
+        [
+            ("prompt_index", _i),
+            ("sample_index", _i),
+            ("conversations", pa.list_(TURN)),
+            ("metadata", pa.struct([("batch_num", _i), ("timestamp", _s), ("model", _s)])),
+            ("completed", pa.bool_()),
+            ("partial", pa.bool_()),
+            ("stop_reason", _s),
+            ("api_calls", _i),
+            ("toolsets_used", pa.list_(_s)),
+            ("tool_stats", pa.struct([(name, _STATS) for name in names])),
+            ("tool_error_counts", pa.struct([(name, _i) for name in names])),
+            (
+                "usage",
+                pa.struct(
+                    [("prompt_tokens", _i), ("completion_tokens", _i), ("total_tokens", _i), ("cost", pa.float64())]
+                ),
+            ),
+            ("tools", _s),
+            ("reward", pa.float64()),
+            ("passed", pa.bool_()),
+            ("extra", _s),
+        ]
+    )
+
+
 _JSON_TURN = pa.struct([f for f in TURN if f.name != "extra"])
 COLUMNS = frozenset(layout().schema.names) - {"extra"}
 TURN_KEYS = frozenset(("from", "value", "tool_calls", "tool_call_id", "name"))
