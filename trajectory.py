@@ -144,6 +144,23 @@ def _zero_stats(names: Iterable[str]) -> dict[str, dict[str, int]]:
     return {name: {"count": 0, "success": 0, "failure": 0} for name in names}
 
 
+def with_tool_names(record: dict, names: tuple[str, ...]) -> dict:
+    """The line with an entry in tool_stats and tool_error_counts for each of `names`, in that order (zeros where
+    it has none, its own entries beyond them after): a resumed run whose tools changed gives every line the same
+    keys. The line itself when it has them already."""
+    stats, errors = record.get("tool_stats"), record.get("tool_error_counts")
+    if not isinstance(stats, dict) or not isinstance(errors, dict):
+        return record
+    if tuple(stats) == names and tuple(errors) == names:
+        return record
+    zero = {"count": 0, "success": 0, "failure": 0}
+    return {
+        **record,
+        "tool_stats": {**{n: stats.get(n, zero) for n in names}, **stats},
+        "tool_error_counts": {**{n: errors.get(n, 0) for n in names}, **errors},
+    }
+
+
 def tool_stats_of(messages: list[dict], names: Iterable[str] = ALL_TOOL_NAMES) -> dict[str, dict[str, int]]:
     """Per tool: calls, successes, failures, from the agent loop's tool messages and the `ok` each carries.
 

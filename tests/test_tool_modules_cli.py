@@ -109,8 +109,12 @@ def test_a_tool_module_is_a_toolset_the_model_calls(tmp_path):
     assert line["tool_stats"]["cancel_order"] == {"count": 1, "success": 0, "failure": 1}
     assert line["tool_error_counts"]["order_note"] == 1 and line["tool_stats"]["lookup_order"]["success"] == 1
     stats = run_dir.stats()
-    assert stats["tools"]["lookup_order"] == {"count": 1, "success": 1, "failure": 0}
-    assert set(own) <= set(stats["tools"])
+    assert stats["tools"]["lookup_order"] == {"count": 1, "success": 1, "failure": 0, "success_rate": 1.0}
+    assert list(stats["tools"]) == [*ALL_TOOL_NAMES, *own]  # every tool of the run, called or not
+    assert stats["merge"]["filtered_unknown_tool"] == 0
+    assert "lookup_order" in proc.stdout and "cancel_order" in proc.stdout  # the summary's tool table
+    recorded = run_dir.json("tools.json")
+    assert recorded["toolsets"]["orders"] == own and recorded["sources"] == {"orders": f"--tools {orders}"}
 
 
 def test_an_importable_module_by_name(tmp_path):
