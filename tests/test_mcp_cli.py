@@ -159,10 +159,17 @@ def test_a_streamable_http_server_on_loopback(tmp_path):
 
 
 def test_a_servers_env_reaches_it_alone_and_is_redacted_from_every_output(tmp_path):
-    script = {"where": [calls(("whereami", {})), thinking(f"the value was {SECRET}")]}
-    servers = {"raw": raw("ok", env={"MCP_TEST_VALUE": SECRET})}
+    calling = calls(
+        ("whereami", {}),
+        ("other_whereami", {}),
+        ("terminal", {"command": "echo value=${MCP_TEST_VALUE:-unset}"}),
+    )
+    script = {"where": [calling, thinking(f"the value was {SECRET}")]}
+    servers = {"raw": raw("ok", env={"MCP_TEST_VALUE": SECRET}), "other": raw("ok", prefix="other_")}
     with ScriptedServer(script=script) as server:
-        proc = run(tmp_path, server, servers, ["where"], {"raw": 100}, "--export=openai,atif")
+        proc = run(
+            tmp_path, server, servers, ["where"], {"raw": 100, "other": 100, "terminal": 100}, "--export=openai,atif"
+        )
         sent = json.dumps(server.requests())
     assert_clean_exit(proc)
     assert SECRET not in sent  # the tool result the endpoint saw
@@ -172,7 +179,10 @@ def test_a_servers_env_reaches_it_alone_and_is_redacted_from_every_output(tmp_pa
             assert SECRET not in path.read_text(errors="replace"), path
     assert SECRET not in proc.stdout + proc.stderr
     (line,) = RunDir(run_dir).trajectories()
-    assert json.loads(results(line)[0][1]["content"])["value"] == "[REDACTED]"
+    mine, other, terminal = (value for _, value in results(line))
+    assert json.loads(mine["content"])["value"] == "[REDACTED]"
+    assert json.loads(other["content"])["value"] == ""  # another server does not get it
+    assert "value=unset" in terminal["output"]  # nor do the sample's commands
 
 
 @pytest.mark.parametrize(
