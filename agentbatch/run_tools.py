@@ -63,6 +63,12 @@ def prepare(
     return ToolSet(toolsets, sources, setup), dist
 
 
+def install(tool_set: ToolSet) -> None:
+    """At a worker's start: register the run's MCP tools, as the runner listed them (plug-in modules are plugins.load's)."""
+    if tool_set.mcp is not None:
+        _mcp_package().tools.install(tool_set.mcp)
+
+
 def distribution_table(tool_modules: tuple[str, ...], mcp_config: str | None, distributions_file: str | None) -> str:
     """The --list_distributions text: the built-ins and the file's, checked against the run's toolsets."""
     toolsets, _ = _modules(tool_modules)

@@ -20,7 +20,8 @@ from toolset_distributions import TOOLSETS
 class ToolSet:
     """Toolset -> its tools, in order; `sources` says where each of the run's own toolsets came from.
 
-    `mcp` is the run's MCP setup (servers and the tools each listed at start), None without --mcp_config.
+    `mcp` is the run's MCP setup (servers and the tools each listed at start), None without --mcp_config;
+    a worker registers its tools at its start (run_tools.install).
     """
 
     toolsets: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(TOOLSETS))
@@ -31,13 +32,6 @@ class ToolSet:
     def names(self) -> tuple[str, ...]:
         """Every tool of the run, toolset by toolset."""
         return tuple(name for tools in self.toolsets.values() for name in tools)
-
-    def install(self) -> None:
-        """Register the run's MCP tools in this process (a worker's start; plug-in modules are plugins.load's)."""
-        if self.mcp is not None:
-            from agentbatch.mcp import tools
-
-            tools.install(self.mcp)
 
     def secrets(self) -> tuple[str, ...]:
         """The MCP servers' `env` and `headers` values: redacted from every output like the API keys."""

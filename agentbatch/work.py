@@ -39,7 +39,7 @@ class RunConfig:
     # The plug-in modules and files the run named (--plugins, --tools): every worker loads them at its start.
     plugins: tuple[str, ...] = ()
     # The run's toolsets and tools (the built-ins and its own; tool_set.py): each line's tool_stats has an
-    # entry for every tool of it, and a worker registers its MCP tools at its start (install).
+    # entry for every tool of it, and a worker registers its MCP tools at its start (run_tools.install).
     tool_set: ToolSet = field(default_factory=ToolSet)
     # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
     sandbox_labels: dict[str, str] = field(default_factory=dict)

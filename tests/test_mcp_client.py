@@ -220,3 +220,29 @@ def test_a_shared_server_is_started_again_after_it_died():
     finally:
         shared.close()
     assert second.process.poll() is not None
+
+
+def _in_a_spawned_worker(tool_set, queue) -> None:
+    from agentbatch import run_tools
+    from agentbatch.tools import registry
+
+    run_tools.install(tool_set)
+    tools = registry.load_tools()
+    queue.put((tools["raw_whereami"].toolset, tools["raw_whereami"].schema()["function"]["name"]))
+
+
+def test_a_spawned_worker_registers_the_runs_mcp_tools_without_asking_the_servers():
+    """Workers get the tools listed at start in their RunConfig (a Ray actor or a spawned replacement too)."""
+    import multiprocessing
+
+    from agentbatch.mcp.tools import McpSetup
+    from agentbatch.tool_set import ToolSet
+
+    servers = parse(s=raw("ok", prefix="raw_"))
+    setup = McpSetup(servers, listing.list_tools(servers, 20))
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    worker = ctx.Process(target=_in_a_spawned_worker, args=(ToolSet(mcp=setup), queue))
+    worker.start()
+    assert queue.get(timeout=120) == ("s", "raw_whereami")
+    worker.join(30)
