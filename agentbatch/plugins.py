@@ -42,7 +42,7 @@ BUILTINS = (
     "agentbatch.sandboxes.local",
     "agentbatch.sandboxes.docker",
     # The JSONL dataset format.
-    "agentbatch.dataset",
+    "agentbatch.dataset_jsonl",
 )
 
 _lock = threading.RLock()
