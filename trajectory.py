@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from toolset_distributions import ALL_TOOL_NAMES
@@ -136,13 +137,36 @@ def from_openai_messages(messages: list[dict]) -> list[dict]:
     return turns
 
 
-def _zero_stats() -> dict[str, dict[str, int]]:
-    return {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOL_NAMES}
+_BUILT_IN = frozenset(ALL_TOOL_NAMES)
 
 
-def tool_stats_of(messages: list[dict]) -> dict[str, dict[str, int]]:
-    """Per tool: calls, successes, failures, from the agent loop's tool messages and the `ok` each carries."""
-    stats = _zero_stats()
+def _zero_stats(names: Iterable[str]) -> dict[str, dict[str, int]]:
+    return {name: {"count": 0, "success": 0, "failure": 0} for name in names}
+
+
+def with_tool_names(record: dict, names: tuple[str, ...]) -> dict:
+    """The line with an entry in tool_stats and tool_error_counts for each of `names`, in that order (zeros where
+    it has none, its own entries beyond them after): a resumed run whose tools changed gives every line the same
+    keys. The line itself when it has them already."""
+    stats, errors = record.get("tool_stats"), record.get("tool_error_counts")
+    if not isinstance(stats, dict) or not isinstance(errors, dict):
+        return record
+    if tuple(stats) == names and tuple(errors) == names:
+        return record
+    zero = {"count": 0, "success": 0, "failure": 0}
+    return {
+        **record,
+        "tool_stats": {**{n: stats.get(n, zero) for n in names}, **stats},
+        "tool_error_counts": {**{n: errors.get(n, 0) for n in names}, **errors},
+    }
+
+
+def tool_stats_of(messages: list[dict], names: Iterable[str] = ALL_TOOL_NAMES) -> dict[str, dict[str, int]]:
+    """Per tool: calls, successes, failures, from the agent loop's tool messages and the `ok` each carries.
+
+    Every tool of `names` (the run's tools: the built-ins and its own) has an entry, called or not.
+    """
+    stats = _zero_stats(names)
     for m in messages:
         if m["role"] == "tool":
             entry = stats.setdefault(m["name"], {"count": 0, "success": 0, "failure": 0})
@@ -167,10 +191,9 @@ def reasoning_counts(conversations: list[dict]) -> tuple[int, int]:
     return with_r, len(gpt) - with_r
 
 
-def unknown_tools(conversations: list[dict]) -> set[str]:
-    """Tool names called in these turns that are not tools of any toolset."""
-    known = set(ALL_TOOL_NAMES)
-    return {c.get("name") for t in conversations for c in t.get("tool_calls") or []} - known
+def unknown_tools(conversations: list[dict], known: Collection[str] = _BUILT_IN) -> set[str]:
+    """Tool names called in these turns that are not among `known` (the run's tools: the built-ins and its own)."""
+    return {name for t in conversations for c in t.get("tool_calls") or [] if (name := c.get("name")) not in known}
 
 
 def build_record(
@@ -190,14 +213,16 @@ def build_record(
     sample_index: int = 0,
     outcome: dict | None = None,
     identity: str | None = None,
+    tool_names: Iterable[str] = ALL_TOOL_NAMES,
 ) -> dict:
-    """One trajectory line; every line has the same keys and nested shape, so `datasets` loads any mix.
+    """One trajectory line; every line of a run has the same keys and nested shape, so `datasets` loads any mix.
 
     `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()); `identity` is the
-    row's (dataset.task_identity), which the runner always gives.
+    row's (dataset.task_identity), which the runner always gives; `tool_names` are the run's tools, each with
+    its entry in `tool_stats` and `tool_error_counts`.
     """
     conversations = to_conversations(messages)
-    stats = tool_stats_of(messages)
+    stats = tool_stats_of(messages, tool_names)
     return {
         "prompt_index": prompt_index,
         "conversations": conversations,

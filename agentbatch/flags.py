@@ -14,7 +14,6 @@ from typing import Any
 from agentbatch import flag_checks as check
 from agentbatch.errors import FatalError
 from agentbatch.export import check_formats
-from toolset_distributions import TOOLSETS, Distribution, UnknownDistribution, get_distribution
 
 Check = Callable[[str, Any], Any]
 
@@ -35,19 +34,12 @@ def _int(minimum: int) -> Check:
     return lambda name, value: check.positive_int(name, value, minimum)
 
 
-def _toolsets(name: str, value: Any) -> tuple[str, ...]:
-    names = check.name_list(name, value)
-    unknown = [n for n in names if n not in TOOLSETS]
-    if unknown:
-        raise FatalError(f"--{name}: unknown toolset {unknown[0]!r}; choose from {', '.join(TOOLSETS)}")
-    return names
-
-
-def _distribution(name: str) -> Distribution:
-    try:
-        return get_distribution(name)
-    except UnknownDistribution as e:
-        raise FatalError(str(e)) from None
+def _distribution(name: str, value: Any) -> str:
+    """The name; which distributions exist is known once --distributions_file is read (tool_set.distributions)."""
+    text = str(value).strip()
+    if not text:
+        raise FatalError(f"--{name} is empty; see --list_distributions")
+    return text
 
 
 def _seed(name: str, value: Any) -> int | None:
@@ -88,11 +80,26 @@ FLAGS: tuple[Flag, ...] = (
     _t("dataset_file", None, 'JSONL file, one {"prompt": ...} object per line (see "The dataset")', shown="required"),
     Flag("batch_size", None, "prompts per batch file", _optional(_int(1)), shown_default="required", kind=int),
     _t("run_name", None, "output goes to <output_dir>/<run_name>/", _optional(check.run_name), shown="required"),
+    _t("distribution", "default", "toolset distribution, see --list_distributions", _distribution),
+    Flag(
+        "tools",
+        None,
+        "your own tool modules: Python modules or .py files (comma-separated) of `@tool` functions, each module a "
+        "toolset (see docs/tools.md)",
+        check.name_list,
+        kind=str,
+    ),
     _t(
-        "distribution",
-        "default",
-        "toolset distribution, see --list_distributions",
-        lambda n, v: _distribution(str(v)),
+        "mcp_config",
+        None,
+        "an mcp.json of MCP servers (stdio or Streamable HTTP) whose tools the run offers, each server a toolset "
+        "(see docs/tools.md)",
+    ),
+    _t(
+        "distributions_file",
+        None,
+        "a JSON or YAML file of distributions (toolset: percent) added to the built-ins, or replacing one of the "
+        "same name (see docs/tools.md)",
     ),
     _t("model", "anthropic/claude-sonnet-4.6", "model name at the endpoint; `local` runs the embedded model offline"),
     _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint"),
@@ -306,7 +313,7 @@ FLAGS: tuple[Flag, ...] = (
         "export_toolsets",
         None,
         "export only trajectories that were offered all these toolsets (comma-separated)",
-        _toolsets,
+        check.name_list,
         kind=str,
     ),
     Flag("export_passed_only", False, "export only trajectories whose check passed (`passed: true`)", check.boolean),

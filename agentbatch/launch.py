@@ -9,7 +9,7 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
-from agentbatch import dataset_formats, flags, plugins, process_guard, secrets_guard
+from agentbatch import dataset_formats, flags, plugins, process_guard, run_tools, secrets_guard
 from agentbatch import flag_checks as check
 from agentbatch.budget import BudgetSettings
 from agentbatch.errors import FatalError
@@ -19,7 +19,7 @@ from agentbatch.limits import PromptLimits
 from agentbatch.model import registry as models
 from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.model.usage import Prices
-from agentbatch.sandboxes.base import SandboxSettings, owner_labels
+from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec, owner_labels
 from agentbatch.sandboxes.choice import choose as choose_sandboxes
 from agentbatch.session import Session, SessionSettings, new_session_id
 from agentbatch.tools import settings as tool_settings
@@ -109,10 +109,20 @@ def run(raw: dict[str, Any]) -> int:
         # or from our memory: masked there, then the process is made unreadable (after: masking writes to it).
         secrets_guard.hide_from_proc([key])
         process_guard.forbid_inspection()
-        secrets = (key, *withdrawn.values(), *tools.secrets())
-        secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
         run_dir = os.path.join(f["output_dir"], f["run_name"])
         session_id = new_session_id()
+        # The run's own tools (modules; MCP servers, whose tool lists are read now) and its distribution.
+        own_tools, distribution = run_tools.prepare(
+            f["tools"],
+            f["mcp_config"],
+            f["distributions_file"],
+            f["distribution"],
+            f["command_timeout"],
+            secrets_guard.getenv,
+            SandboxSpec(sandbox, run_name=f["run_name"], labels=owner_labels(run_dir, session_id)),
+        )
+        secrets = (key, *withdrawn.values(), *tools.secrets(), *own_tools.secrets())
+        secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
         plan = layout(f["num_workers"], f["concurrency"], f["ray_address"])
         cfg = _from_flags(
             RunConfig,
@@ -134,6 +144,7 @@ def run(raw: dict[str, Any]) -> int:
             prefill=f["prefill_messages_file"] or [],
             secrets=secrets,
             plugins=plugins.loaded(),
+            tool_set=own_tools,
             sandbox_labels=owner_labels(run_dir, session_id),
         )
         session = Session(
@@ -142,7 +153,7 @@ def run(raw: dict[str, Any]) -> int:
                 run_dir,
                 entries,
                 f["batch_size"],
-                f["distribution"],
+                distribution,
                 seed=f["seed"],
                 resume=f["resume"],
                 samples_per_prompt=f["samples_per_prompt"],
@@ -168,6 +179,13 @@ def _export_at_end(f: dict[str, Any], secrets: tuple[str, ...]):
     from agentbatch.export import from_flags
 
     return lambda code: from_flags.after_session(f, secrets, code)
+
+
+def distributions_text(raw: dict[str, Any]) -> str:
+    """--list_distributions with a distributions file or the run's own tools: every distribution, checked."""
+    f = flags.parse(raw)
+    plugins.load(f["plugins"])
+    return run_tools.distribution_table(f["tools"], f["mcp_config"], f["distributions_file"])
 
 
 def _from_flags(cls: type[T], f: dict[str, Any], **given: Any) -> T:

@@ -86,6 +86,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             sample_index=task.sample_index,
             outcome=check.fields(),
             identity=task.identity,
+            tool_names=cfg.tool_set.names,
         )
         outcome.record = record
         if cfg.require_reasoning and not any(

@@ -210,8 +210,9 @@ class Tally:
     """statistics.json in the making: this session's trajectories counted as they are written (add_trajectory),
     everything else read from the files at the end (document)."""
 
-    def __init__(self):
-        self.stats = RunStats()
+    def __init__(self, tool_names: tuple[str, ...] = ALL_TOOL_NAMES):
+        # Every tool of the run (tool_set.py) is in statistics.json's "tools", called or not.
+        self.stats = RunStats(tools={n: {"count": 0, "success": 0, "failure": 0} for n in tool_names})
         self.outcomes = OutcomeStats()
         self.kept: Counter = Counter()  # row and sample (run_dir/answers.py) → trajectories answering it
 

@@ -24,14 +24,15 @@ from agentbatch.errors import FatalError
 from agentbatch.executors.base import Executor
 from agentbatch.progress import Progress
 from agentbatch.run_dir import answers
-from agentbatch.run_dir.files import RunFiles
+from agentbatch.run_dir.files import RunFiles, recorded_tools
 from agentbatch.run_dir.lock import session_lock
 from agentbatch.run_dir.merge import merge
-from agentbatch.run_dir.paths import FAILED, STATISTICS
+from agentbatch.run_dir.paths import FAILED, STATISTICS, TOOLS
 from agentbatch.run_dir.recorder import Recorder, RunFacts
 from agentbatch.run_statistics import Tally, format_summary
 from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
+from agentbatch.tool_set import ToolSet
 from agentbatch.tools.registry import load_tools, unavailable_tools
 from agentbatch.work import PromptOutcome, PromptTask, RunConfig, now_iso
 from toolset_distributions import Distribution, prompt_rng, sample_toolsets
@@ -158,8 +159,9 @@ class Session:
         self._kinds = s.cfg.sandbox.kinds(images=any(e.image for e in s.entries))
         self._reap(self._kinds)
         self._warn_unavailable_tools()
+        self._use_tools()
         # Matched by content (README, "Resume"): each row's identity, or the prompt text of older lines.
-        done = answers.done_counts(paths) if s.resume else Counter()
+        done = answers.done_counts(paths, self.files.known_tools) if s.resume else Counter()
         remaining = answers.remaining(s.entries, s.samples_per_prompt, done)
         self._first_batch = max(paths.batch_numbers(), default=-1) + 1
         if s.sandbox_note:
@@ -305,6 +307,29 @@ class Session:
                 continue
             if n:
                 print(backend.reaped(n, f"{whose} of {self.cfg.run_name}"), file=sys.stderr)
+
+    def _use_tools(self) -> None:
+        """The run's tools: this session's, recorded in tools.json at the run's start. A run resumed with other
+        tools says what changed and goes on with both: its lines then have entries for the tools of both."""
+        paths, run = self.files.paths, self.cfg.tool_set
+        # A run from before tools.json was kept had the built-in tools.
+        recorded = recorded_tools(paths) or (ToolSet() if paths.holds_run() else None)
+        changes = run.changes(recorded) if recorded is not None else []
+        if changes:
+            run = run.union(recorded)
+            print(
+                f"warning: this run was started with other tools: {'; '.join(changes)}. The samples still to run "
+                "are offered this session's tools; the run's lines now have entries for the tools of both "
+                f"({TOOLS} records them)",
+                file=sys.stderr,
+            )
+        try:
+            self.files.write_json(TOOLS, run.record())
+        except OSError as e:
+            raise FatalError(f"cannot write to {paths.dir}: {e.strerror}") from None
+        self.files.use_tools(run.names)
+        self.tally = Tally(run.names)
+        self.recorder.on_trajectory = self.tally.add_trajectory
 
     def _warn_unavailable_tools(self) -> None:
         """One warning per missing backend, for the toolsets this distribution can sample, once at start."""

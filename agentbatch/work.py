@@ -12,6 +12,7 @@ from agentbatch.limits import PromptLimits
 from agentbatch.model.client import ModelSettings
 from agentbatch.model.usage import Prices
 from agentbatch.sandboxes.base import SandboxSettings
+from agentbatch.tool_set import ToolSet
 from agentbatch.tools.settings import ToolSettings
 
 
@@ -35,8 +36,11 @@ class RunConfig:
     log_prefix_chars: int = 100
     # Every credential of the run: redacted from tool results before the endpoint sees them, and from logs.
     secrets: tuple[str, ...] = field(default=(), repr=False)
-    # The plug-in modules and files the run named (--plugins): every worker loads them at its start.
+    # The plug-in modules and files the run named (--plugins, --tools): every worker loads them at its start.
     plugins: tuple[str, ...] = ()
+    # The run's toolsets and tools (the built-ins and its own; tool_set.py): each line's tool_stats has an
+    # entry for every tool of it, and a worker registers its MCP tools at its start (run_tools.install).
+    tool_set: ToolSet = field(default_factory=ToolSet)
     # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
     sandbox_labels: dict[str, str] = field(default_factory=dict)
 

@@ -308,10 +308,6 @@ def test_export_at_the_end_of_every_session(tmp_path):
     "flags, message",
     [
         (["--export=openai,csv"], "--export: unknown format 'csv'; choose from openai, llama_factory"),
-        (
-            ["--export=openai", "--export_toolsets=web,spreadsheets"],
-            "--export_toolsets: unknown toolset 'spreadsheets'",
-        ),
         (["--export=openai", "--export_min_turns=-1"], "--export_min_turns must be a whole number"),
     ],
 )

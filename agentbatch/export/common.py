@@ -12,10 +12,12 @@ from typing import Any, Protocol
 
 from agentbatch.run_dir import lines
 from agentbatch.run_dir.answers import answer_key
-from agentbatch.run_dir.files import read_json
+from agentbatch.run_dir.files import read_json, recorded_tools
 from agentbatch.run_dir.lines import ReadCounts
 from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
-from trajectory import first_human, no_check, unknown_tools
+from agentbatch.tool_set import ToolSet
+from toolset_distributions import ALL_TOOL_NAMES
+from trajectory import first_human, no_check, unknown_tools, with_tool_names
 
 try:  # 3-5x faster than json on long lines: most of a large export's time is parsing (bench/RESULTS.md, (7))
     from orjson import loads as _loads
@@ -90,6 +92,10 @@ class RunSource:
         # A very short "secret" would redact ordinary letters out of every line (as the session's Redactor does).
         self._secrets = tuple(s.encode() for s in secrets if s and len(s) >= 8)
         self.counts = SourceCounts()
+        # The run's tools (tools.json; the built-ins for a run from before it was kept): the merge keeps a line
+        # that calls only these, and every line has their entries in tool_stats and tool_error_counts.
+        self.tool_set = recorded_tools(self.paths) or ToolSet()
+        self.tool_names, self._known = self.tool_set.names, frozenset(self.tool_set.names)
 
     def exists(self) -> bool:
         return self.paths.holds_run()
@@ -104,11 +110,11 @@ class RunSource:
             for _offset, raw, record in lines.read(path, c, parse=parse_line, secrets=self._secrets):
                 if record is None:
                     c.not_json += 1
-                elif unknown_tools(record.get("conversations") or []):
+                elif unknown_tools(record.get("conversations") or [], self._known):
                     c.unknown_tool += 1
                 else:
                     c.trajectories += 1
-                    yield record, raw
+                    yield with_tool_names(record, self.tool_names), raw
 
     def discarded(self) -> Iterator[dict]:
         yield from self._records(self.paths.path(DISCARDED))
@@ -206,6 +212,7 @@ class ExportContext:
     checkpoint: dict
     statistics: dict
     filters: Filters
+    tool_names: tuple[str, ...] = ALL_TOOL_NAMES  # the run's tools (tools.json): the built-ins and its own
 
 
 class FormatWriter(Protocol):

@@ -43,7 +43,20 @@ def export(
 
 def _export(source: RunSource, run_name: str, formats: tuple[str, ...], filters: Filters) -> dict:
     """Read the records once, feed every format, swap each folder in, then record the export in report.json."""
-    ctx = ExportContext(run_name, source.dir, source.read_json(CHECKPOINT), source.read_json(STATISTICS), filters)
+    unknown = [ts for ts in filters.toolsets if ts not in source.tool_set.toolsets]
+    if unknown:
+        raise FatalError(
+            f"--export_toolsets: this run has no toolset {unknown[0]!r}; its toolsets: "
+            f"{', '.join(source.tool_set.toolsets)}"
+        )
+    ctx = ExportContext(
+        run_name,
+        source.dir,
+        source.read_json(CHECKPOINT),
+        source.read_json(STATISTICS),
+        filters,
+        source.tool_names,
+    )
     export_dir = Path(source.paths.export())
     kept = 0
     with ExitStack() as stack:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
 from agentbatch.record_shape import trajectory_problem
@@ -61,12 +61,12 @@ def count(line: dict, into: Counter) -> None:
         into[key] += 1
 
 
-def kept_trajectories(paths: RunPaths) -> Iterator[dict]:
+def kept_trajectories(paths: RunPaths, known_tools: Collection[str]) -> Iterator[dict]:
     """The batch files' lines the merge keeps (a line it drops answers nothing: counting it would leave its row
-    out of every output)."""
+    out of every output); `known_tools`: the run's (a line calling another is dropped)."""
     for path in paths.batches():
         for record in lines.records(path):
-            if trajectory_problem(record) is None and not unknown_tools(record["conversations"]):
+            if trajectory_problem(record) is None and not unknown_tools(record["conversations"], known_tools):
                 yield record
 
 
@@ -81,10 +81,10 @@ def failed_records(paths: RunPaths) -> Iterator[dict]:
     return lines.records(paths.path(FAILED))
 
 
-def done_counts(paths: RunPaths) -> Counter:
+def done_counts(paths: RunPaths, known_tools: Collection[str]) -> Counter:
     """What the resume scan finds: row and sample → the lines (batch files and discards) answering it."""
     done: Counter = Counter()
-    for line in itertools.chain(kept_trajectories(paths), discarded_records(paths)):
+    for line in itertools.chain(kept_trajectories(paths, known_tools), discarded_records(paths)):
         count(line, done)
     return done
 

@@ -12,9 +12,11 @@ import os
 
 from agentbatch.record_shape import trajectory_problem
 from agentbatch.run_dir import atomic
-from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
+from agentbatch.run_dir.paths import DISCARDED, FAILED, TOOLS, RunPaths
 from agentbatch.secrets_guard import Redactor
 from agentbatch.surrogates import scrub
+from agentbatch.tool_set import ToolSet
+from toolset_distributions import ALL_TOOL_NAMES
 from trajectory import VALUE_KINDS, shown_kinds, unknown_tools
 
 
@@ -32,6 +34,11 @@ class RunFiles:
         # Path → VALUE_KINDS → offset of the first accounted line there showing it: what the merge's search
         # for lead entries would find in a file this session wrote alone, known without reading it.
         self.kind_lines: dict[str, dict[str, int]] = {}
+        self.use_tools(ALL_TOOL_NAMES)
+
+    def use_tools(self, names: tuple[str, ...]) -> None:
+        """The run's tools (tools.json): every line gets their entries; a line calling another is not kept."""
+        self.tool_names, self.known_tools = tuple(names), frozenset(names)
 
     def prepare(self) -> None:
         """Create the directory and cut torn last lines a kill left in the files we append to."""
@@ -72,7 +79,7 @@ class RunFiles:
             not kept
             or written is not text
             or trajectory_problem(obj) is not None
-            or unknown_tools(obj["conversations"])
+            or unknown_tools(obj["conversations"], self.known_tools)
         ):
             return False
         length = os.fstat(f.fileno()).st_size - size
@@ -97,6 +104,11 @@ class RunFiles:
         """Replace a JSON file of the run atomically, redacted and without lone surrogates as every line."""
         text = scrub(self.redact(json.dumps(obj, indent=2, ensure_ascii=False)))
         atomic.write_text(self.paths.path(name), text + "\n")
+
+
+def recorded_tools(paths: RunPaths) -> ToolSet | None:
+    """The tool set the run recorded (tools.json); None for a run from before it was kept, or a file not of it."""
+    return ToolSet.from_record(read_json(paths.path(TOOLS)))
 
 
 def read_json(path: str) -> dict | None:

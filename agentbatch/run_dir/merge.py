@@ -19,7 +19,7 @@ from agentbatch.run_dir.files import RunFiles
 from agentbatch.run_dir.lines import ACCOUNTED, NOT_JSON, ReadCounts
 from agentbatch.run_dir.paths import TRAJECTORIES
 from agentbatch.surrogates import has_escaped_surrogate, scrub_json
-from trajectory import VALUE_KINDS, may_show, shown_kinds, unknown_tools
+from trajectory import VALUE_KINDS, may_show, shown_kinds, unknown_tools, with_tool_names
 
 
 def merge(files: RunFiles, on_record: Callable[[dict], None] | None = None) -> ReadCounts:
@@ -39,11 +39,11 @@ def merge(files: RunFiles, on_record: Callable[[dict], None] | None = None) -> R
                 elif trajectory_problem(record) is not None:
                     counts.malformed += 1
                     continue
-                elif unknown_tools(record["conversations"]):
+                elif unknown_tools(record["conversations"], files.known_tools):
                     counts.unknown_tool += 1
                     continue
                 else:
-                    line = _merged_line(raw, record)
+                    line = _merged_line(raw, record, files)
                     if on_record:
                         on_record(record)
                 if (path, offset) not in leads:
@@ -71,11 +71,11 @@ def _lead_entries(files: RunFiles) -> dict[tuple[str, int], bytes]:
             if not may_show(raw, missing):
                 continue  # most lines: no JSON parsing
             record = lines.json_value(raw)
-            if trajectory_problem(record) is not None or unknown_tools(record["conversations"]):
+            if trajectory_problem(record) is not None or unknown_tools(record["conversations"], files.known_tools):
                 continue
             new = shown_kinds(record) & missing
             if new:
-                line = _merged_line(raw, record)
+                line = _merged_line(raw, record, files)
                 leads[path, offset] = line if line.endswith(b"\n") else line + b"\n"
                 missing -= new
                 if not missing:
@@ -113,9 +113,13 @@ def _size(path: str) -> int:
         return -1
 
 
-def _merged_line(raw: bytes, record: dict) -> bytes:
+def _merged_line(raw: bytes, record: dict, files: RunFiles) -> bytes:
     """A kept line as trajectories.jsonl gets it: as written, unless it holds a lone surrogate (older versions
-    wrote them as JSON escapes, which make the whole file unloadable), then rewritten without."""
-    if has_escaped_surrogate(raw):
+    wrote them as JSON escapes, which make the whole file unloadable) or was given entries for tools it lacked
+    (a run resumed with other tools: with_tool_names), then rewritten."""
+    fixed = with_tool_names(record, files.tool_names)
+    changed = fixed is not record
+    record = fixed
+    if has_escaped_surrogate(raw) or changed:
         return (json.dumps(scrub_json(record), ensure_ascii=False) + "\n").encode("utf-8")
     return raw if raw.endswith(b"\n") else raw + b"\n"

@@ -10,6 +10,7 @@ DISCARDED = "discarded.jsonl"
 FAILED = "failed.jsonl"
 CHECKPOINT = "checkpoint.json"
 STATISTICS = "statistics.json"
+TOOLS = "tools.json"  # the run's tool set (tool_set.ToolSet.record): its toolsets and tools, built-in and own
 LOCK = "session.lock"
 EXPORT = "export"  # export/<format>/ and export/report.json
 EXPORT_REPORT = "report.json"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from agentbatch.run_dir.files import RunFiles, read_json
 from agentbatch.run_dir.paths import CHECKPOINT, DISCARDED, FAILED
 from agentbatch.work import now_iso
+from trajectory import with_tool_names
 
 if TYPE_CHECKING:
     from agentbatch.work import PromptOutcome, PromptTask
@@ -53,11 +54,13 @@ class Recorder:
     def record(self, o: PromptOutcome, task: PromptTask | None) -> None:
         """Write the outcome's line, and the checkpoint when it is due (raises OSError)."""
         files = self.files
+        # An entry for each of the run's tools: after a resume with other tools, its own and the earlier ones'.
+        record = with_tool_names(o.record, files.tool_names) if o.record is not None else None
         if o.status == "done":
-            if files.append(files.paths.batch(o.batch_num), o.record, kept=True):
-                self.on_trajectory(o.record)
+            if files.append(files.paths.batch(o.batch_num), record, kept=True):
+                self.on_trajectory(record)
         elif o.status == "discarded":
-            files.append(files.paths.path(DISCARDED), dict(o.record, discard_reason=o.error))
+            files.append(files.paths.path(DISCARDED), dict(record, discard_reason=o.error))
         else:
             files.append(
                 files.paths.path(FAILED),

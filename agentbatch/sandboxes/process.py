@@ -41,9 +41,24 @@ def on_lasting_thread(fn: Callable[[], T]) -> T:
     return done.result()
 
 
+def stop_lasting_thread() -> None:
+    """End this process's starter thread, once every process it started has ended (the runner after the MCP
+    servers' listing at start: it forks its workers only while it is one thread). A later start makes another."""
+    global _starter
+    with _starter_lock:
+        starter, _starter = _starter, None
+    if starter is not None and starter[0] == os.getpid():
+        done: Future = Future()
+        starter[1].put((None, done))
+        done.result()
+
+
 def _serve(inbox: queue.SimpleQueue) -> None:
     while True:
         fn, done = inbox.get()
+        if fn is None:
+            done.set_result(None)
+            return
         try:
             done.set_result(fn())
         except BaseException as e:
