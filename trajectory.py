@@ -47,8 +47,20 @@ def no_check() -> dict:
     return {
         "reward": None,
         "passed": None,
-        "check": {"status": "none", "exit_code": None, "output": "", "seconds": 0.0, "answer_matched": None},
+        "check": {
+            "status": "none",
+            "exit_code": None,
+            "output": "",
+            "seconds": 0.0,
+            "answer_matched": None,
+            "rewards": None,
+        },
     }
+
+
+def no_task() -> dict:
+    """The `task` of a line whose row is not a Harbor task: the same keys, no values (docs/harbor.md)."""
+    return {"name": None, "difficulty": None, "category": None, "tags": []}
 
 
 def with_think_block(reasoning: str, content: str) -> str:
@@ -205,10 +217,12 @@ def build_record(
     tool_schemas: list[dict],
     sample_index: int = 0,
     outcome: dict | None = None,
+    task: dict | None = None,
 ) -> dict:
     """One trajectory line; every line has the same keys and nested shape, so `datasets` loads any mix.
 
-    `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()).
+    `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()); `task` is a
+    Harbor task's name, difficulty, category and tags.
     """
     conversations = to_conversations(messages)
     stats = tool_stats_of(messages)
@@ -216,6 +230,7 @@ def build_record(
         "prompt_index": prompt_index,
         "conversations": conversations,
         "metadata": {"batch_num": batch_num, "timestamp": timestamp, "model": model},
+        "task": dict(task) if task else no_task(),
         "completed": completed,
         "partial": partial,
         "stop_reason": stop_reason,
@@ -261,6 +276,8 @@ VALUE_KINDS: dict[str, bytes] = {
     "reward": b'"reward": ',
     "check_exit_code": b'"exit_code": ',
     "answer_matched": b'"answer_matched": ',
+    "rewards": b'"rewards": ',
+    "task": b'"task": {"name": ',
 }
 
 
@@ -275,11 +292,13 @@ def shown_kinds(record: dict) -> set[str]:
         "reward": record.get("reward") is not None,
         "check_exit_code": check is not None and check.get("exit_code") is not None,
         "answer_matched": check is not None and check.get("answer_matched") is not None,
+        "rewards": check is not None and check.get("rewards") is not None,
+        "task": isinstance(record.get("task"), dict) and record["task"].get("name") is not None,
     }
     return {kind for kind, yes in shown.items() if yes}
 
 
-_CHECK_KINDS = frozenset({"reward", "check_exit_code", "answer_matched"})
+_CHECK_KINDS = frozenset({"reward", "check_exit_code", "answer_matched", "rewards"})
 _NO_CHECK = b'"check": {"status": "none"'  # how build_record writes a line without a check
 
 

@@ -26,6 +26,9 @@ class Entry:
     setup: str | None = None
     verify: str | None = None
     answers: tuple[str, ...] = ()
+    identity: str = ""  # what resume matches (a Harbor task: its name and a hash of its files)
+    metadata: dict | None = None  # a Harbor task's name, difficulty, category and tags: the lines' `task`
+    harbor: object | None = None  # a Harbor task's own setup and check (harbor/sample.py HarborSample)
 
 
 class DatasetError(Exception):

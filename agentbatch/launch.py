@@ -16,6 +16,10 @@ from agentbatch.dataset import load_entries
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
 from agentbatch.executors.base import Executor
+from agentbatch.harbor import oracle
+from agentbatch.harbor import run as harbor_run
+from agentbatch.harbor.dataset_format import HarborFormat
+from agentbatch.harbor.sample import Limits
 from agentbatch.limits import PromptLimits
 from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.model.usage import Prices
@@ -24,6 +28,7 @@ from agentbatch.run_files import RunFiles
 from agentbatch.sandboxes.base import SandboxSettings, owner_labels
 from agentbatch.session import Session, new_session_id
 from agentbatch.tools import settings as tool_settings
+from toolset_distributions import DISTRIBUTIONS
 
 T = TypeVar("T")
 # Containers created at once per core by default: the engine's best parallelism (bench/RESULTS.md, (12)).
@@ -44,14 +49,28 @@ def run(raw: dict[str, Any]) -> int:
     if f["run_name"] is None:
         raise FatalError("--run_name is required: output goes to data/<run_name>/")
     local = f["model"] == "local" or f["base_url"] == "local"
-
-    entries, warnings = load_entries(f["dataset_file"], f["max_samples"])
+    is_oracle = f["model"] == oracle.NAME
+    harbor = HarborFormat()
+    tasks = harbor.claims(f["dataset_file"])
+    loaded = harbor.load if tasks else load_entries
+    entries, warnings = loaded(f["dataset_file"], f["max_samples"])
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if not entries:
+        if tasks:
+            raise FatalError(f"no runnable Harbor task in {f['dataset_file']} (the warnings above say why)")
         raise FatalError(
             f'no valid entries in {f["dataset_file"]}: each line needs a JSON object with a "prompt" string'
         )
+    if is_oracle:
+        if not tasks:
+            raise FatalError(
+                "--model=oracle runs Harbor tasks' reference solutions: --dataset_file must name a Harbor task "
+                "directory or a directory of them"
+            )
+        # The oracle's one command needs the terminal, and it never reasons (docs/harbor.md, "Oracle").
+        f["distribution"] = DISTRIBUTIONS["terminal_only"]
+        f["require_reasoning"], f["command_timeout"] = False, oracle.COMMAND_TIMEOUT
     if f["require_pass"] and not any(e.verify or e.answers for e in entries):
         raise FatalError(
             f"--require_pass keeps only samples that pass their check, but no row of {f['dataset_file']} has "
@@ -82,7 +101,7 @@ def run(raw: dict[str, Any]) -> int:
             model = "local"
         else:
             base_url, model = check.base_url(f["base_url"]), f["model"]
-        key = check.api_key(f["api_key"], base_url, needed=not local)
+        key = check.api_key(f["api_key"], base_url, needed=not local and not is_oracle)
         priced = f["price_input"] is not None or f["price_output"] is not None
         if f["budget_usd"] is not None and not priced and not reports_cost(base_url):
             raise FatalError(
@@ -131,13 +150,16 @@ def run(raw: dict[str, Any]) -> int:
             secrets=secrets,
             sandbox_labels=owner_labels(run_dir, session_id),
         )
+        limits = Limits(f["timeout_multiplier"], f["prompt_timeout"], raw.get("check_timeout") and f["check_timeout"])
+        parallel = f["sandbox_starts"] or os.cpu_count() or 1
+        harbor_run.prepare(entries, run_dir, parallel, limits, lambda m: print(m, file=sys.stderr))
         files = RunFiles(run_dir, secrets=secrets)
         session = Session(
             cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"], f["samples_per_prompt"]
         )
         session.dataset_file = f["dataset_file"]
         session.session_id = session_id
-        session.sandbox_note = sandbox_note
+        session.sandbox_note = harbor_run.SANDBOX_NOTE if tasks else sandbox_note
         session.budget_settings = BudgetSettings(
             f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
         )
@@ -147,6 +169,9 @@ def run(raw: dict[str, Any]) -> int:
         # Made before the session runs: local workers start now, while the runner is still one thread.
         ex = stack.enter_context(closing(executor(cfg, plan, f["ray_address"])))
         code = session.run(ex)
+    if is_oracle:
+        for line in harbor_run.oracle_summary(run_dir):
+            print(line)
     if f["export"]:
         from agentbatch.export import from_flags
 

@@ -9,6 +9,9 @@ from datetime import UTC, datetime
 
 from agentbatch import sandboxes, verification
 from agentbatch.agent_loop import run_agent
+from agentbatch.harbor import oracle
+from agentbatch.harbor.oracle import OracleModel
+from agentbatch.harbor.sample import HarborSample
 from agentbatch.limits import PromptLimits, SessionLimits
 from agentbatch.model.client import ModelCallError, ModelClient, ModelSettings
 from agentbatch.model.usage import Prices, Usage
@@ -58,6 +61,8 @@ class PromptTask:
     setup: str | None = None
     verify: str | None = None
     answers: tuple[str, ...] = ()
+    metadata: dict | None = None  # a Harbor task's: the line's `task`
+    harbor: HarborSample | None = None  # a Harbor task: its limits, its tests, its solution
 
     @property
     def key(self) -> tuple[int, int]:
@@ -93,7 +98,7 @@ class Clients:
 
     @classmethod
     def for_config(cls, cfg: RunConfig) -> Clients:
-        chat = ModelClient(cfg.model)
+        chat = OracleModel(cfg.model) if cfg.model.model == oracle.NAME else ModelClient(cfg.model)
         t = cfg.tools
         if not (t.image_base_url or t.image_api_key):
             return cls(chat, chat)
@@ -117,15 +122,26 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
     usage = Usage(prices=cfg.prices)
     outcome = PromptOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
     ctx = None
+    harbor = task.harbor
     try:
         spec = SandboxSpec(
-            cfg.sandbox, image=task.image, cwd=task.cwd, run_name=cfg.run_name, labels=dict(cfg.sandbox_labels)
+            cfg.sandbox,
+            image=task.image,
+            cwd=task.cwd,
+            run_name=cfg.run_name,
+            labels=dict(cfg.sandbox_labels),
+            resources=harbor.resources() if harbor else None,
         )
+        if harbor:
+            harbor.check_unavailable()  # its image could not be built: fails before any model call
         sandboxes.prepare(spec)  # before any model call: an unavailable image costs no tokens
-        limits = SessionLimits(cfg.limits, usage)  # the time limit counts from here, after the image check
+        prompt_limits = replace(cfg.limits, seconds=harbor.prompt_timeout) if harbor else cfg.limits
+        limits = SessionLimits(prompt_limits, usage)  # the time limit counts from here, after the image check
         ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
         if task.setup:  # before any model call too: a task whose files cannot be made costs no tokens
             verification.run_setup(ctx, task.setup, cfg.check_timeout)
+        if harbor:
+            harbor.before_agent(ctx.sandbox(), cfg.model.model)
         tools = offered_tools(task.toolsets, cfg.tools)
         result = run_agent(
             task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
@@ -133,9 +149,12 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
         # In the same sandbox, before ctx.close() removes it.
-        check = verification.run_check(
-            ctx, task.verify, task.answers, verification.last_message(result.messages), cfg.check_timeout
-        )
+        if harbor:
+            check = harbor.check(ctx.sandbox())
+        else:
+            check = verification.run_check(
+                ctx, task.verify, task.answers, verification.last_message(result.messages), cfg.check_timeout
+            )
         record = build_record(
             prompt_index=task.index,
             messages=result.messages,
@@ -151,6 +170,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             tool_schemas=result.tool_schemas,
             sample_index=task.sample_index,
             outcome=check.fields(),
+            task=task.metadata,
         )
         outcome.record = record
         if cfg.require_reasoning and not any(

@@ -26,6 +26,7 @@ from agentbatch.run_statistics import RunStats, format_summary
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
 from agentbatch.tools.registry import unavailable_tools
 from toolset_distributions import TOOLSET_OF, Distribution, prompt_rng, sample_toolsets
+from trajectory import no_task
 
 log = logging.getLogger("batch_runner")
 CHECKPOINT_SECONDS = 2.0
@@ -257,7 +258,9 @@ class Session:
             # samples differ only by the model's own variation (what pass@k measures).
             toolsets = sample_toolsets(self.dist, prompt_rng(self.seed, i))
             batch = first_batch + j // self.batch_size
-            task = PromptTask(i, e.prompt, batch, toolsets, e.image, e.cwd, s, e.setup, e.verify, e.answers)
+            task = PromptTask(
+                i, e.prompt, batch, toolsets, e.image, e.cwd, s, e.setup, e.verify, e.answers, e.metadata, e.harbor
+            )
             self._tasks_started[task.key] = task
             self.view.started(task.key)
             yield task
@@ -296,6 +299,7 @@ class Session:
                     "stop_reason": "error",
                     "model": self.cfg.model.model,
                     "toolsets_used": list(task.toolsets) if task else [],
+                    "task": (task.metadata if task else None) or no_task(),
                 },
             )
         self.counts[o.status] += 1

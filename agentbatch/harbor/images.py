@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 import requests
+import urllib3
 from docker.utils import kwargs_from_env
 
 from agentbatch.harbor.task_dir import DOCKERFILE, ENVIRONMENT, HarborTask
@@ -30,7 +31,7 @@ BUILT_LABEL = "batch_runner.harbor"  # = the task's name
 BUILT_BY_LABEL = "batch_runner.run_dir"  # = the run directory that built it
 LOG_TAIL_LINES = 40
 TAIL_CHARS = 2000
-_ENGINE_ERRORS = (docker.errors.DockerException, requests.RequestException, OSError)
+_ENGINE_ERRORS = (docker.errors.DockerException, requests.RequestException, urllib3.exceptions.HTTPError, OSError)
 
 
 class BuildFailed(Exception):
@@ -181,7 +182,8 @@ def _build(task: HarborTask, run_dir: str, timeout: float, log: Callable[[str], 
         response = client.response
         if response is not None:
             with contextlib.suppress(Exception):
-                client._get_raw_response_socket(response).shutdown(socket.SHUT_RDWR)
+                raw = client._get_raw_response_socket(response)
+                getattr(raw, "_sock", raw).shutdown(socket.SHUT_RDWR)
 
     timer = threading.Timer(timeout, cut)
     timer.daemon = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from agentbatch.harbor.verifier import SOLUTION_DIR
+from agentbatch.model.client import ModelCallError, Reply
 
 NAME = "oracle"
 COMMAND = f"bash {SOLUTION_DIR}/solve.sh"
@@ -49,3 +50,16 @@ def _choice(message: dict, finish: str = "stop") -> dict:
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         "usage": dict(_NO_USAGE),
     }
+
+
+class OracleModel:
+    """The oracle as a model (model seam): `chat` replays the reference solution; it makes no images."""
+
+    def __init__(self, settings=None):
+        self.settings = settings
+
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, model=None, deadline=None) -> Reply:
+        return Reply(reply(messages, tools))
+
+    def generate_image(self, request: dict) -> Reply:
+        raise ModelCallError("the oracle makes no images: --model=oracle runs Harbor tasks' solutions only")

@@ -97,7 +97,6 @@ def load(path: str) -> HarborTask:
         raise TaskError("instruction.md contains a NUL character")
     if not os.path.isfile(os.path.join(root, TEST_SCRIPT)) or os.path.islink(os.path.join(root, TEST_SCRIPT)):
         raise TaskError(f"no {TEST_SCRIPT}: the task has no verifier")
-    files_hash = tree_hash(root)  # also refuses a symlink that leads out of the task
     env_dir = os.path.join(root, ENVIRONMENT)
     compose = next((f for f in COMPOSE_FILES if os.path.isfile(os.path.join(env_dir, f))), None)
     has_dockerfile = os.path.isfile(os.path.join(env_dir, DOCKERFILE))
@@ -110,9 +109,10 @@ def load(path: str) -> HarborTask:
         size = tree_size(env_dir)
         if size > MAX_CONTEXT_BYTES:
             raise TaskError(
-                f"the build context {ENVIRONMENT}/ is {size / 1024**2:.0f} MiB, "
-                f"over the limit of {MAX_CONTEXT_BYTES // 1024**2} MiB"
+                f"the build context {ENVIRONMENT}/ holds {size} bytes, over the limit of {MAX_CONTEXT_BYTES} (1 GiB)"
             )
+    files_hash = tree_hash(root)  # also refuses a symlink that leads out of the task
+    if not cfg.docker_image:
         context_hash = tree_hash(env_dir, inside=root)
     name = cfg.name or os.path.basename(root)
     return HarborTask(

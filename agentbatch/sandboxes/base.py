@@ -56,15 +56,26 @@ class SandboxSettings:
     local_containment: str | None = None  # None: the best this machine allows (tests name one)
 
 
+@dataclass(frozen=True)
+class Resources:
+    """A sample's own container resources (a Harbor task's); None leaves the run's flag in force."""
+
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None  # applied where the engine's storage driver can (docs/harbor.md)
+    network: bool | None = None  # False: no network, whatever --sandbox_network says
+
+
 @dataclass
 class SandboxSpec:
-    """Where one prompt runs: the run's settings plus the row's own image and working directory."""
+    """Where one prompt runs: the run's settings plus the row's own image, working directory and resources."""
 
     settings: SandboxSettings = field(default_factory=SandboxSettings)
     image: str | None = None
     cwd: str | None = None
     run_name: str = "run"
     labels: dict[str, str] = field(default_factory=dict)
+    resources: Resources | None = None
 
     @property
     def kind(self) -> str:

@@ -26,7 +26,7 @@ import docker.errors
 import requests
 from docker.utils.socket import read as socket_read
 
-from agentbatch.sandboxes.base import ExecResult, SandboxError, SandboxLost, SandboxSpec
+from agentbatch.sandboxes.base import ExecResult, Resources, SandboxError, SandboxLost, SandboxSpec
 from agentbatch.sandboxes.output import KILL_GRACE
 from agentbatch.sandboxes.output import BoundedOutput as _Output
 
@@ -49,6 +49,7 @@ _local = threading.local()
 _image_lock = threading.Lock()
 _image_locks: dict[str, threading.Lock] = {}
 _images_present: set[str] = set()
+_storage_refused: list[str] = []  # the engine said once that it cannot limit a container's disk: not asked again
 
 
 def _client() -> docker.DockerClient:
@@ -99,6 +100,23 @@ def prepare(spec: SandboxSpec) -> None:
         _images_present.add(image)
 
 
+def _limits(spec: SandboxSpec) -> tuple[dict, bool]:
+    """The container's limits and whether it has a network: the run's flags, the sample's own resources over them."""
+    s, r = spec.settings, spec.resources or Resources()
+    limits: dict = {}
+    memory = f"{r.memory_mb}m" if r.memory_mb else s.memory
+    if memory:
+        limits.update(mem_limit=memory, memswap_limit=memory)  # no swap beyond the limit
+    cpus = r.cpus or s.cpus
+    if cpus:
+        limits["nano_cpus"] = int(cpus * 1e9)
+    if s.pids:
+        limits["pids_limit"] = int(s.pids)
+    if r.storage_mb:
+        limits["storage_opt"] = {"size": f"{int(r.storage_mb)}M"}
+    return limits, s.network and r.network is not False
+
+
 def container_name(run_name: str) -> str:
     """A unique, Docker-valid container name that shows which run made it."""
     safe = re.sub(r"[^a-zA-Z0-9_.-]+", "-", run_name).strip("-.")[:40] or "run"
@@ -126,28 +144,31 @@ class DockerSandbox:
         if user.split(":")[0] in ("", "root", "0"):
             env["HOME"] = "/root"
         labels = {**spec.labels, RUN_LABEL: spec.run_name}
-        limits, s = {}, spec.settings
-        if s.memory:
-            limits.update(mem_limit=s.memory, memswap_limit=s.memory)  # no swap beyond the limit
-        if s.cpus:
-            limits["nano_cpus"] = int(s.cpus * 1e9)
-        if s.pids:
-            limits["pids_limit"] = int(s.pids)
+        limits, network = _limits(spec)
+        create = dict(
+            entrypoint=KEEPALIVE,
+            command=[],
+            name=container_name(spec.run_name),
+            working_dir=self.workdir,
+            environment=env,
+            labels=labels,
+            network_mode="bridge" if network else "none",
+            detach=True,
+            stdin_open=False,
+            tty=False,
+        )
         try:
-            container = client.containers.create(
-                image,
-                entrypoint=KEEPALIVE,
-                command=[],
-                name=container_name(spec.run_name),
-                working_dir=self.workdir,
-                environment=env,
-                labels=labels,
-                network_mode="bridge" if s.network else "none",
-                detach=True,
-                stdin_open=False,
-                tty=False,
-                **limits,
-            )
+            if _storage_refused:
+                limits.pop("storage_opt", None)
+            try:
+                container = client.containers.create(image, **create, **limits)
+            except docker.errors.APIError as e:
+                # storage_opt size needs a driver that can enforce it (overlay2 on xfs with pquota, btrfs, zfs...)
+                if "storage_opt" not in limits or "storage-opt" not in _one_line(e).lower():
+                    raise
+                _storage_refused.append(_one_line(e))
+                limits.pop("storage_opt")
+                container = client.containers.create(image, **create, **limits)
         except _ENGINE_ERRORS as e:
             raise SandboxError(f"cannot create a container from {image!r}: {_one_line(e)}") from e
         self.container_id = container.id
