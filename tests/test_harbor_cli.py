@@ -171,22 +171,53 @@ def test_an_edited_task_runs_again_on_resume_and_the_others_do_not(tmp_path, har
     assert newest["check"]["rewards"]["files_expected"] == 2.0
 
 
+def prebuilt_task(root: Path, name: str, image: str) -> Path:
+    """A task without environment/: its [environment] docker_image is used as is."""
+    task = root / name
+    (task / "tests").mkdir(parents=True)
+    (task / "solution").mkdir()
+    (task / "instruction.md").write_text(f"Task {name}: nothing to do.\n")
+    (task / "task.toml").write_text(f'version = "2.0"\n[environment]\ndocker_image = "{image}"\n')
+    (task / "tests" / "test.sh").write_text("test -f /etc/debian_version && echo 1 > /logs/verifier/reward.txt\n")
+    (task / "solution" / "solve.sh").write_text("true\n")
+    return task
+
+
 def test_bad_tasks_are_skipped_or_failed_with_one_line_reasons(tmp_path, harbor_base, docker_run_name):
-    root = task_set(tmp_path, "sum-numbers", "peek")
+    root = task_set(tmp_path, "sum-numbers", "peek", "partial-credit")
     (root / "peek" / "environment" / "Dockerfile").write_text("FROM br-test-absent:nope\n")
     os.remove(root / "sum-numbers" / "tests" / "test.sh")
     shutil.copytree(TASKS / "partial-credit", root / "no-toml")
     os.remove(root / "no-toml" / "task.toml")
+    (root / "partial-credit" / "environment" / "docker-compose.yaml").write_text("services:\n  main: {}\n")
+    prebuilt_task(root, "prebuilt", harbor_base)
+    prebuilt_task(root, "prebuilt-absent", "br-test-absent:gone")
 
     done = run_cli(harbor_args(root, tmp_path / "out", docker_run_name, "--model=oracle"), tmp_path)
 
     assert done.returncode == 3, done.stderr
     assert "no-toml: skipped: not a task directory: no task.toml" in done.stderr
     assert "sum-numbers: skipped: no tests/test.sh: the task has no verifier" in done.stderr
-    [failed] = RunDir(tmp_path / "out" / docker_run_name).failed()
-    assert failed["error"].startswith("FROM image 'br-test-absent:nope' is not on this machine and could not be pulled")
-    assert failed["error"].endswith("it must be present (docker pull, load or import) or pullable")
-    assert "\n" not in failed["error"]
+    run = RunDir(tmp_path / "out" / docker_run_name)
+    assert [(r["task"]["name"], r["passed"]) for r in run.trajectories()] == [("prebuilt", True)]
+    failed = {r["task"]["name"]: r["error"] for r in run.failed()}
+    assert failed["peek"].startswith("FROM image 'br-test-absent:nope' is not on this machine and could not be pulled")
+    assert failed["peek"].endswith("it must be present (docker pull, load or import) or pullable")
+    assert failed["prebuilt-absent"].startswith("Docker image 'br-test-absent:gone' is not here and could not be pulled")
+    assert failed["tests/partial-credit"].startswith(
+        "the task's environment/docker-compose.yaml asks for several containers (Docker Compose)"
+    )
+    assert all("\n" not in e for e in failed.values())
+    assert all(r["usage"]["total_tokens"] == 0 for r in run.failed())
+
+
+def test_the_readmes_example_task_set_passes_with_the_oracle(tmp_path, harbor_base, docker_run_name):
+    example = Path(__file__).resolve().parents[1] / "data" / "harbor_example"
+    done = run_cli(harbor_args(example, tmp_path / "out", docker_run_name, "--model=oracle"), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "oracle: 3 of 3 tasks pass with their reference solution (100.0%)" in done.stdout
+    lines = by_task(RunDir(tmp_path / "out" / docker_run_name).trajectories())
+    assert lines["batch-runner/word-stats"]["check"]["rewards"] == {"reward": 1.0, "lines": 1.0, "words": 1.0, "longest": 1.0}
 
 
 def test_an_oracle_run_of_a_jsonl_dataset_is_refused(tmp_path):
