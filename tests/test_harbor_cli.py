@@ -96,7 +96,8 @@ def test_a_model_sees_the_tasks_container_and_never_the_tests_or_the_solution(tm
     data = task_set(tmp_path, "sum-numbers", "peek")
     probe = (
         "ls /tests /solution 2>&1; ls /sys/class/net; pwd; "
-        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max"
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max; "
+        'echo "mode=$TASK_MODE"'
     )
     script = {
         (TASKS / "sum-numbers" / "instruction.md").read_text(): [sh(probe), answer("I looked around.")],
@@ -115,7 +116,8 @@ def test_a_model_sees_the_tasks_container_and_never_the_tests_or_the_solution(tm
     output = json.loads(seen)["output"]
     assert "ls: cannot access '/tests': No such file or directory" in output
     assert "ls: cannot access '/solution': No such file or directory" in output
-    assert output.split("\n")[2:5] == ["lo", "/app", str(512 * 1024 * 1024)]  # no network, workdir, memory_mb
+    # No network, the workdir, memory_mb, [environment] env.
+    assert output.split("\n")[2:6] == ["lo", "/app", str(512 * 1024 * 1024), "mode=graded"]
     # A failing task: the agent did not write the sum.
     assert (lines["sum-numbers"]["passed"], lines["sum-numbers"]["reward"]) == (False, 0.0)
     peek = lines["peek"]

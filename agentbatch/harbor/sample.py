@@ -46,7 +46,13 @@ class HarborSample:
     def resources(self) -> Resources:
         """The task's container resources: cpus, memory, storage, and no network unless it allows the internet."""
         c = self.task.config
-        return Resources(cpus=c.cpus, memory_mb=c.memory_mb, storage_mb=c.storage_mb, network=c.allow_internet)
+        return Resources(
+            cpus=c.cpus,
+            memory_mb=c.memory_mb,
+            storage_mb=c.storage_mb,
+            network=c.allow_internet,
+            env=tuple(c.env.items()),
+        )
 
     def before_agent(self, sandbox: Sandbox, model: str) -> None:
         """An oracle run's /solution, copied in before its first command; SandboxError if the image is missing."""

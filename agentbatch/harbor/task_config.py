@@ -71,6 +71,7 @@ NOT_APPLIED = {
     ("environment", "skills_dir"): "no skills are copied",
     ("environment", "healthcheck"): "no healthcheck is run",
     ("environment", "tpu"): "no TPUs",
+    ("solution", "env"): "solve.sh runs in the container's environment",
 }
 DEFAULT_VERIFIER_TIMEOUT = 600.0  # Harbor's defaults
 DEFAULT_BUILD_TIMEOUT = 600.0
@@ -94,7 +95,6 @@ class TaskConfig:
     agent_timeout: float | None = None
     verifier_timeout: float = DEFAULT_VERIFIER_TIMEOUT
     verifier_env: dict[str, str] = field(default_factory=dict)
-    solution_env: dict[str, str] = field(default_factory=dict)
     build_timeout: float = DEFAULT_BUILD_TIMEOUT
     docker_image: str | None = None
     cpus: float | None = None
@@ -130,7 +130,6 @@ def parse(text: str) -> tuple[TaskConfig, list[str]]:
     cfg.verifier_timeout = _seconds(verifier, "timeout_sec", "verifier") or DEFAULT_VERIFIER_TIMEOUT
     cfg.build_timeout = _seconds(env, "build_timeout_sec", "environment") or DEFAULT_BUILD_TIMEOUT
     cfg.verifier_env = _env(verifier, "verifier", warnings)
-    cfg.solution_env = _env(tables["solution"], "solution", warnings)
     cfg.env = _env(env, "environment", warnings)
     cfg.docker_image = _text(env, "docker_image", "environment")
     cfg.cpus = _number(env, "cpus", "environment")

@@ -64,6 +64,7 @@ class Resources:
     memory_mb: int | None = None
     storage_mb: int | None = None  # applied where the engine's storage driver can (docs/harbor.md)
     network: bool | None = None  # False: no network, whatever --sandbox_network says
+    env: tuple[tuple[str, str], ...] = ()  # variables of the container, over the image's
 
 
 @dataclass

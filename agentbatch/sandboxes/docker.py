@@ -143,6 +143,7 @@ class DockerSandbox:
         env = {k: v for k, v in BASE_ENV.items() if k not in image_env}
         if user.split(":")[0] in ("", "root", "0"):
             env["HOME"] = "/root"
+        env.update(dict(spec.resources.env) if spec.resources else {})
         labels = {**spec.labels, RUN_LABEL: spec.run_name}
         limits, network = _limits(spec)
         create = dict(
