@@ -53,9 +53,19 @@ def test_an_oracle_run_passes_or_names_each_task_and_needs_no_endpoint(tmp_path,
     lines = by_task(run.trajectories())
     assert sorted(lines) == ["broken-solution", "peek", "slow-verifier", "sum-numbers", "tests/partial-credit"]
     ok = lines["sum-numbers"]
-    assert (ok["passed"], ok["reward"], ok["check"]["status"], ok["check"]["rewards"]) == (True, 1.0, "passed", {"reward": 1.0})
+    assert (ok["passed"], ok["reward"], ok["check"]["status"], ok["check"]["rewards"]) == (
+        True,
+        1.0,
+        "passed",
+        {"reward": 1.0},
+    )
     assert "working directory /app" in ok["check"]["output"]  # [environment] workdir
-    assert ok["task"] == {"name": "sum-numbers", "difficulty": "easy", "category": "data-processing", "tags": ["bash", "arithmetic"]}
+    assert ok["task"] == {
+        "name": "sum-numbers",
+        "difficulty": "easy",
+        "category": "data-processing",
+        "tags": ["bash", "arithmetic"],
+    }
     calls = [c for t in ok["conversations"] if t["from"] == "gpt" for c in t.get("tool_calls") or []]
     assert [json.loads(c["arguments"])["command"] for c in calls] == ["bash /solution/solve.sh"]
     assert any(t["from"] == "tool" and "wrote 12" in t["value"] for t in ok["conversations"])
@@ -205,7 +215,9 @@ def test_bad_tasks_are_skipped_or_failed_with_one_line_reasons(tmp_path, harbor_
     failed = {r["task"]["name"]: r["error"] for r in run.failed()}
     assert failed["peek"].startswith("FROM image 'br-test-absent:nope' is not on this machine and could not be pulled")
     assert failed["peek"].endswith("it must be present (docker pull, load or import) or pullable")
-    assert failed["prebuilt-absent"].startswith("Docker image 'br-test-absent:gone' is not here and could not be pulled")
+    assert failed["prebuilt-absent"].startswith(
+        "Docker image 'br-test-absent:gone' is not here and could not be pulled"
+    )
     assert failed["tests/partial-credit"].startswith(
         "the task's environment/docker-compose.yaml asks for several containers (Docker Compose)"
     )
@@ -219,7 +231,12 @@ def test_the_readmes_example_task_set_passes_with_the_oracle(tmp_path, harbor_ba
     assert done.returncode == 0, done.stderr
     assert "oracle: 3 of 3 tasks pass with their reference solution (100.0%)" in done.stdout
     lines = by_task(RunDir(tmp_path / "out" / docker_run_name).trajectories())
-    assert lines["batch-runner/word-stats"]["check"]["rewards"] == {"reward": 1.0, "lines": 1.0, "words": 1.0, "longest": 1.0}
+    assert lines["batch-runner/word-stats"]["check"]["rewards"] == {
+        "reward": 1.0,
+        "lines": 1.0,
+        "words": 1.0,
+        "longest": 1.0,
+    }
 
 
 def test_an_oracle_run_of_a_jsonl_dataset_is_refused(tmp_path):

@@ -25,7 +25,12 @@ def copy_task(tmp_path: Path, name: str = "sum-numbers", as_name: str | None = N
 def test_the_terminal_bench_schema_is_read_whole():
     cfg, warnings = parse((TASKS / "sum-numbers" / "task.toml").read_text())
     assert warnings == []
-    assert (cfg.schema, cfg.difficulty, cfg.category, cfg.tags) == ("2.0", "easy", "data-processing", ["bash", "arithmetic"])
+    assert (cfg.schema, cfg.difficulty, cfg.category, cfg.tags) == (
+        "2.0",
+        "easy",
+        "data-processing",
+        ["bash", "arithmetic"],
+    )
     assert (cfg.agent_timeout, cfg.verifier_timeout, cfg.build_timeout) == (300.0, 60.0, 300.0)
     assert (cfg.cpus, cfg.memory_mb, cfg.storage_mb, cfg.allow_internet, cfg.workdir) == (1.0, 512, 1024, False, "/app")
     assert cfg.metadata["expert_time_estimate_min"] == 1  # free-form metadata is kept, not warned about
@@ -35,7 +40,12 @@ def test_the_terminal_bench_schema_is_read_whole():
 def test_harbors_task_table_schema_is_read_whole():
     cfg, warnings = parse((TASKS / "partial-credit" / "task.toml").read_text())
     assert warnings == []
-    assert (cfg.schema, cfg.name, cfg.difficulty, cfg.category) == ("1.1", "tests/partial-credit", "medium", "file-operations")
+    assert (cfg.schema, cfg.name, cfg.difficulty, cfg.category) == (
+        "1.1",
+        "tests/partial-credit",
+        "medium",
+        "file-operations",
+    )
     assert cfg.tags == ["files", "partial"]  # [task] keywords when [metadata] has no tags
     assert cfg.verifier_env == {"EXPECTED": "3"}
     assert (cfg.agent_timeout, cfg.verifier_timeout, cfg.allow_internet, cfg.workdir) == (120.0, 60.0, True, None)
@@ -157,7 +167,11 @@ def test_a_symlink_inside_the_task_is_allowed_and_canary_lines_are_not_shown(tmp
 def test_a_prebuilt_image_is_used_as_is(tmp_path):
     path = copy_task(tmp_path)
     shutil.rmtree(path / "environment")
-    toml = (path / "task.toml").read_text().replace("[environment]\n", '[environment]\ndocker_image = "br-test-busybox:1"\n')
+    toml = (
+        (path / "task.toml")
+        .read_text()
+        .replace("[environment]\n", '[environment]\ndocker_image = "br-test-busybox:1"\n')
+    )
     (path / "task.toml").write_text(toml)
     task = task_dir.load(str(path))
     assert (task.image, task.builds, task.context_hash) == ("br-test-busybox:1", False, None)

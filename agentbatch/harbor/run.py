@@ -40,7 +40,11 @@ def prepare(entries: list[Entry], run_dir: str, parallel: int, limits: Limits, l
         if e.harbor.task.compose_file:
             e.harbor.unavailable = COMPOSE_UNSUPPORTED.format(file=os.path.basename(e.harbor.task.compose_file))
     results = images.ensure_images(
-        [e.harbor.task for e in tasks if not e.harbor.unavailable], os.path.abspath(run_dir), parallel, log, limits.multiplier
+        [e.harbor.task for e in tasks if not e.harbor.unavailable],
+        os.path.abspath(run_dir),
+        parallel,
+        log,
+        limits.multiplier,
     )
     for e in tasks:
         result = results.get(e.harbor.task.image)
@@ -86,7 +90,9 @@ def oracle_summary(run_dir: str) -> list[str]:
     bad = {n: failed.get(n) or ", ".join(v for v in verdicts[n] if v != "passed") for n in names}
     bad = {n: why for n, why in bad.items() if why}
     passing = len(names) - len(bad)
-    lines = [f"  oracle: {passing} of {len(names)} tasks pass with their reference solution ({passing / len(names):.1%})"]
+    lines = [
+        f"  oracle: {passing} of {len(names)} tasks pass with their reference solution ({passing / len(names):.1%})"
+    ]
     if bad:
         lines.append("  reference solution does not pass:")
         lines += [f"    {name}: {why}" for name, why in bad.items()]

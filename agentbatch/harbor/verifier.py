@@ -76,7 +76,9 @@ def _run_tests(sandbox: Sandbox, task: HarborTask, timeout: float) -> CheckResul
     rewards, problem = read_rewards(sandbox)
     if problem:
         note = f"\n[the check gave no result: {problem}; test.sh exited with {done.exit_code}]"
-        return CheckResult(status="error", exit_code=done.exit_code, output=cap_output(done.output + note, MAX_CHECK_OUTPUT))
+        return CheckResult(
+            status="error", exit_code=done.exit_code, output=cap_output(done.output + note, MAX_CHECK_OUTPUT)
+        )
     reward = rewards["reward"]
     passed = reward >= 1.0  # partial credit counts in the mean reward, not in the pass rate
     return CheckResult(
