@@ -9,18 +9,16 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
+from agentbatch import dataset_formats, flags, plugins, process_guard, sandboxes, secrets_guard
 from agentbatch import flag_checks as check
-from agentbatch import flags, process_guard, sandboxes, secrets_guard
 from agentbatch.budget import BudgetSettings
-from agentbatch.dataset import load_entries
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
 from agentbatch.executors.base import Executor
 from agentbatch.harbor import oracle
 from agentbatch.harbor import run as harbor_run
-from agentbatch.harbor.dataset_format import HarborFormat
-from agentbatch.harbor.sample import Limits
 from agentbatch.limits import PromptLimits
+from agentbatch.model import registry as models
 from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.model.usage import Prices
 from agentbatch.prompt_runner import RunConfig
@@ -28,7 +26,6 @@ from agentbatch.run_files import RunFiles
 from agentbatch.sandboxes.base import SandboxSettings, owner_labels
 from agentbatch.session import Session, new_session_id
 from agentbatch.tools import settings as tool_settings
-from toolset_distributions import DISTRIBUTIONS
 
 T = TypeVar("T")
 # Containers created at once per core by default: the engine's best parallelism (bench/RESULTS.md, (12)).
@@ -38,6 +35,7 @@ DEFAULT_STARTS_PER_CORE = 2
 def run(raw: dict[str, Any]) -> int:
     """Check every flag, then run; returns the exit code."""
     f = flags.parse(raw)
+    plugins.load(f["plugins"])  # before anything asks for a tool, a backend, a dataset format or a model
     if f["export"] and f["dataset_file"] is None:
         from agentbatch.export import from_flags
 
@@ -49,28 +47,17 @@ def run(raw: dict[str, Any]) -> int:
     if f["run_name"] is None:
         raise FatalError("--run_name is required: output goes to data/<run_name>/")
     local = f["model"] == "local" or f["base_url"] == "local"
-    is_oracle = f["model"] == oracle.NAME
-    harbor = HarborFormat()
-    tasks = harbor.claims(f["dataset_file"])
-    loaded = harbor.load if tasks else load_entries
-    entries, warnings = loaded(f["dataset_file"], f["max_samples"])
+
+    entries, warnings = dataset_formats.load(f["dataset_file"], f["max_samples"])
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if not entries:
-        if tasks:
+        if os.path.isdir(f["dataset_file"]):
             raise FatalError(f"no runnable Harbor task in {f['dataset_file']} (the warnings above say why)")
         raise FatalError(
             f'no valid entries in {f["dataset_file"]}: each line needs a JSON object with a "prompt" string'
         )
-    if is_oracle:
-        if not tasks:
-            raise FatalError(
-                "--model=oracle runs Harbor tasks' reference solutions: --dataset_file must name a Harbor task "
-                "directory or a directory of them"
-            )
-        # The oracle's one command needs the terminal, and it never reasons (docs/harbor.md, "Oracle").
-        f["distribution"] = DISTRIBUTIONS["terminal_only"]
-        f["require_reasoning"], f["command_timeout"] = False, oracle.COMMAND_TIMEOUT
+    tasks = harbor_run.apply_flags(f, entries)  # --model=oracle: its implied flags, and only over Harbor tasks
     if f["require_pass"] and not any(e.verify or e.answers for e in entries):
         raise FatalError(
             f"--require_pass keeps only samples that pass their check, but no row of {f['dataset_file']} has "
@@ -101,7 +88,7 @@ def run(raw: dict[str, Any]) -> int:
             model = "local"
         else:
             base_url, model = check.base_url(f["base_url"]), f["model"]
-        key = check.api_key(f["api_key"], base_url, needed=not local and not is_oracle)
+        key = check.api_key(f["api_key"], base_url, needed=not local and models.needs_endpoint(model))
         priced = f["price_input"] is not None or f["price_output"] is not None
         if f["budget_usd"] is not None and not priced and not reports_cost(base_url):
             raise FatalError(
@@ -148,11 +135,11 @@ def run(raw: dict[str, Any]) -> int:
             system_prompt=f["ephemeral_system_prompt"],
             prefill=f["prefill_messages_file"] or [],
             secrets=secrets,
+            plugins=plugins.loaded(),
             sandbox_labels=owner_labels(run_dir, session_id),
         )
-        limits = Limits(f["timeout_multiplier"], f["prompt_timeout"], raw.get("check_timeout") and f["check_timeout"])
-        parallel = f["sandbox_starts"] or os.cpu_count() or 1
-        harbor_run.prepare(entries, run_dir, parallel, limits, lambda m: print(m, file=sys.stderr))
+        # Harbor tasks: each sample's limits, and every image built before any sample starts (docs/harbor.md).
+        harbor_run.prepare(entries, run_dir, f, given=set(raw), log=lambda m: print(m, file=sys.stderr))
         files = RunFiles(run_dir, secrets=secrets)
         session = Session(
             cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"], f["samples_per_prompt"]
@@ -169,7 +156,7 @@ def run(raw: dict[str, Any]) -> int:
         # Made before the session runs: local workers start now, while the runner is still one thread.
         ex = stack.enter_context(closing(executor(cfg, plan, f["ray_address"])))
         code = session.run(ex)
-    if is_oracle:
+    if f["model"] == oracle.NAME:
         for line in harbor_run.oracle_summary(run_dir):
             print(line)
     if f["export"]:

@@ -7,15 +7,15 @@ what resume matches, and its metadata (name, difficulty, category, tags) goes in
 
 from __future__ import annotations
 
-from agentbatch.dataset import DatasetError, Entry
+from agentbatch.dataset import Entry
+from agentbatch.dataset_formats import DatasetError, dataset_format
 from agentbatch.harbor.sample import HarborSample, Limits
 from agentbatch.harbor.task_set import TaskSetError, claims, load_tasks
 
 
+@dataset_format("harbor")
 class HarborFormat:
     """Harbor task directories (docs/harbor.md)."""
-
-    name = "harbor"
 
     def claims(self, path: str) -> bool:
         return claims(path)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 
 from agentbatch.harbor.verifier import SOLUTION_DIR
-from agentbatch.model.client import ModelCallError, Reply
+from agentbatch.model.base import ModelCallError, Reply
+from agentbatch.model.registry import register_model
 
 NAME = "oracle"
 COMMAND = f"bash {SOLUTION_DIR}/solve.sh"
@@ -52,6 +53,7 @@ def _choice(message: dict, finish: str = "stop") -> dict:
     }
 
 
+@register_model(NAME)
 class OracleModel:
     """The oracle as a model (model seam): `chat` replays the reference solution; it makes no images."""
 

@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 from agentbatch.dataset import Entry
 from agentbatch.errors import FatalError
-from agentbatch.harbor import images
+from agentbatch.harbor import images, oracle
 from agentbatch.harbor.sample import HarborSample, Limits
 from agentbatch.run_files import iter_records
+from toolset_distributions import DISTRIBUTIONS
 
 SANDBOX_NOTE = "sandbox: docker (each Harbor task in a container of its own image, with its own resources)"
 COMPOSE_UNSUPPORTED = (
@@ -29,12 +30,36 @@ def harbor_entries(entries: list[Entry]) -> list[Entry]:
     return [e for e in entries if isinstance(e.harbor, HarborSample)]
 
 
-def prepare(entries: list[Entry], run_dir: str, parallel: int, limits: Limits, log: Callable[[str], None]) -> None:
-    """Limits and images for every Harbor entry (in place); FatalError if there is no Docker engine to build with."""
+def apply_flags(f: dict, entries: list[Entry]) -> bool:
+    """Whether the entries are Harbor tasks; --model=oracle's implied flags, or FatalError if they are not."""
+    tasks = bool(harbor_entries(entries))
+    if f["model"] != oracle.NAME:
+        return tasks
+    if not tasks:
+        raise FatalError(
+            "--model=oracle runs Harbor tasks' reference solutions: --dataset_file must name a Harbor task "
+            "directory or a directory of them"
+        )
+    # The oracle's one command needs the terminal, its time is the task's, and it never reasons.
+    f["distribution"] = DISTRIBUTIONS["terminal_only"]
+    f["require_reasoning"], f["command_timeout"] = False, oracle.COMMAND_TIMEOUT
+    return tasks
+
+
+def prepare(entries: list[Entry], run_dir: str, f: dict, given: set[str], log: Callable[[str], None]) -> None:
+    """Limits and images for every Harbor entry (in place); FatalError if there is no Docker engine to build with.
+
+    `f` are the run's flags and `given` the names of those given on the command line (a default
+    --check_timeout does not lower a task's verifier timeout).
+    """
     tasks = harbor_entries(entries)
     if not tasks:
         return
     _engine_or_fatal()
+    limits = Limits(
+        f["timeout_multiplier"], f["prompt_timeout"], f["check_timeout"] if "check_timeout" in given else None
+    )
+    parallel = f["sandbox_starts"] or os.cpu_count() or 1
     for e in tasks:
         e.harbor = HarborSample.of(e.harbor.task, limits)
         if e.harbor.task.compose_file:
