@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from cli_helpers import RunDir, run_cli
 from scripted_server import ScriptedServer
@@ -227,10 +228,17 @@ def test_bad_tasks_are_skipped_or_failed_with_one_line_reasons(tmp_path, harbor_
 
 def test_the_readmes_example_task_set_passes_with_the_oracle(tmp_path, harbor_base, docker_run_name):
     example = Path(__file__).resolve().parents[1] / "data" / "harbor_example"
-    done = run_cli(harbor_args(example, tmp_path / "out", docker_run_name, "--model=oracle"), tmp_path)
+    args = harbor_args(example, tmp_path / "out", docker_run_name, "--model=oracle", "--export=openai,parquet")
+    done = run_cli(args, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "oracle: 3 of 3 tasks pass with their reference solution (100.0%)" in done.stdout
-    lines = by_task(RunDir(tmp_path / "out" / docker_run_name).trajectories())
+    run_dir = tmp_path / "out" / docker_run_name
+    lines = by_task(RunDir(run_dir).trajectories())
+    # The exports keep each line's task and named rewards.
+    exported = [json.loads(x) for x in (run_dir / "export" / "openai" / "data.jsonl").read_text().splitlines()]
+    assert sorted(x["task"]["category"] for x in exported) == ["debugging", "text-processing", "text-processing"]
+    table = pq.read_table(run_dir / "export" / "parquet" / "data").to_pylist()
+    assert sorted(r["task"]["name"] for r in table) == ["batch-runner/word-stats", "count-errors", "fix-the-script"]
     assert lines["batch-runner/word-stats"]["check"]["rewards"] == {
         "reward": 1.0,
         "lines": 1.0,

@@ -35,6 +35,7 @@ SCHEMA = pa.schema(
         ("sample_index", _i),
         ("conversations", pa.list_(TURN)),
         ("metadata", pa.struct([("batch_num", _i), ("timestamp", _s), ("model", _s)])),
+        ("task", pa.struct([("name", _s), ("difficulty", _s), ("category", _s), ("tags", pa.list_(_s))])),
         ("completed", pa.bool_()),
         ("partial", pa.bool_()),
         ("stop_reason", _s),
@@ -130,6 +131,7 @@ def to_row(record: dict) -> dict:
     meta = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
     reward = record.get("reward")
     passed = record.get("passed")
+    task = record.get("task") if isinstance(record.get("task"), dict) else None
     return {
         "prompt_index": _int(record.get("prompt_index")),
         "sample_index": _int(record.get("sample_index")) or 0,
@@ -139,6 +141,12 @@ def to_row(record: dict) -> dict:
             "timestamp": _text(meta.get("timestamp")),
             "model": _text(meta.get("model")),
         },
+        "task": {
+            **{k: _text(task.get(k)) for k in ("name", "difficulty", "category")},
+            "tags": [str(t) for t in task.get("tags") or ()],
+        }
+        if task is not None
+        else None,
         "completed": bool(record.get("completed")),
         "partial": bool(record.get("partial")),
         "stop_reason": _text(record.get("stop_reason")),
