@@ -58,7 +58,7 @@ def run(raw: dict[str, Any]) -> int:
             f'no valid entries in {f["dataset_file"]}: each line needs a JSON object with a "prompt" string'
         )
     tasks = harbor_run.apply_flags(f, entries)  # --model=oracle: its implied flags, and only over Harbor tasks
-    if f["require_pass"] and not any(e.verify or e.answers for e in entries):
+    if f["require_pass"] and not any(e.verify or e.answers or e.harbor for e in entries):
         raise FatalError(
             f"--require_pass keeps only samples that pass their check, but no row of {f['dataset_file']} has "
             'a "verify" or "answer" field; add checks to the rows or drop --require_pass'

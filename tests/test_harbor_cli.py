@@ -118,11 +118,14 @@ def test_a_model_sees_the_tasks_container_and_never_the_tests_or_the_solution(tm
         ],
     }
     with ScriptedServer(script=script) as srv:
-        args = harbor_args(data, tmp_path / "out", docker_run_name, "--require_reasoning=false", "--max_retries=0")
-        done = run_cli(args, tmp_path, server=srv)
+        flags = ("--require_reasoning=false", "--max_retries=0", "--require_pass")
+        done = run_cli(harbor_args(data, tmp_path / "out", docker_run_name, *flags), tmp_path, server=srv)
 
     assert done.returncode == 0, done.stderr
-    lines = by_task(RunDir(tmp_path / "out" / docker_run_name).trajectories())
+    run = RunDir(tmp_path / "out" / docker_run_name)
+    # --require_pass: the failing task's sample is discarded, the passing one kept.
+    assert [(r["task"]["name"], r["discard_reason"]) for r in run.discarded()] == [("sum-numbers", "check_failed")]
+    lines = by_task(run.trajectories() + run.discarded())
     seen = next(t["value"] for t in lines["sum-numbers"]["conversations"] if t["from"] == "tool")
     output = json.loads(seen)["output"]
     assert "ls: cannot access '/tests': No such file or directory" in output
