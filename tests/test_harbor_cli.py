@@ -208,6 +208,7 @@ def test_bad_tasks_are_skipped_or_failed_with_one_line_reasons(tmp_path, harbor_
     (root / "partial-credit" / "environment" / "docker-compose.yaml").write_text("services:\n  main: {}\n")
     prebuilt_task(root, "prebuilt", harbor_base)
     prebuilt_task(root, "prebuilt-absent", "br-test-absent:gone")
+    os.remove(prebuilt_task(root, "no-solution", harbor_base) / "solution" / "solve.sh")
 
     done = run_cli(harbor_args(root, tmp_path / "out", docker_run_name, "--model=oracle"), tmp_path)
 
@@ -222,6 +223,7 @@ def test_bad_tasks_are_skipped_or_failed_with_one_line_reasons(tmp_path, harbor_
     assert failed["prebuilt-absent"].startswith(
         "Docker image 'br-test-absent:gone' is not here and could not be pulled"
     )
+    assert failed["no-solution"] == "no solution/solve.sh: the task has no reference solution for the oracle to run"
     assert failed["tests/partial-credit"].startswith(
         "the task's environment/docker-compose.yaml asks for several containers (Docker Compose)"
     )

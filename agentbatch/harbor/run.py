@@ -66,7 +66,7 @@ def prepare(entries: list[Entry], run_dir: str, f: dict, given: set[str], log: C
             e.harbor.unavailable = COMPOSE_UNSUPPORTED.format(file=os.path.basename(e.harbor.task.compose_file))
     results = images.ensure_images(
         [e.harbor.task for e in tasks if not e.harbor.unavailable],
-        os.path.abspath(run_dir),
+        os.path.realpath(run_dir),
         parallel,
         log,
         limits.multiplier,
@@ -80,7 +80,7 @@ def prepare(entries: list[Entry], run_dir: str, f: dict, given: set[str], log: C
     if built or failed:
         log(
             f"harbor: {built} image(s) built, {len(results) - built - failed} found, {failed} failed; "
-            f"remove the images this run built with: {images.remove_command(os.path.abspath(run_dir))}"
+            f"remove the images this run built with: {images.remove_command(os.path.realpath(run_dir))}"
         )
 
 

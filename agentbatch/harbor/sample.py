@@ -7,10 +7,11 @@ task's, scaled by --timeout_multiplier, unless a flag given on the command line 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from agentbatch.harbor import oracle, verifier
-from agentbatch.harbor.task_dir import HarborTask
+from agentbatch.harbor.task_dir import SOLVE_SCRIPT, HarborTask
 from agentbatch.sandboxes.base import Resources, Sandbox, SandboxError
 from agentbatch.verification import CheckResult
 
@@ -57,6 +58,8 @@ class HarborSample:
     def before_agent(self, sandbox: Sandbox, model: str) -> None:
         """An oracle run's /solution, copied in before its first command; SandboxError if the image is missing."""
         if model == oracle.NAME:
+            if not os.path.isfile(self.task.file(SOLVE_SCRIPT)):
+                raise SandboxError(f"no {SOLVE_SCRIPT}: the task has no reference solution for the oracle to run")
             verifier.copy_solution(sandbox, self.task)
 
     def check_unavailable(self) -> None:
