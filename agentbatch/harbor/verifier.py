@@ -38,8 +38,8 @@ def copy_dir(sandbox: Sandbox, source: str, target: str) -> None:
                 sandbox.write_file(inside, f.read())
             if os.stat(path).st_mode & 0o111:
                 executable.append(inside)
-    if executable:
-        _run(sandbox, "chmod +x " + " ".join(shlex.quote(p) for p in executable))
+    for i in range(0, len(executable), 200):  # a few commands, however many files (a command line is bounded)
+        _run(sandbox, "chmod +x " + " ".join(shlex.quote(p) for p in executable[i : i + 200]))
 
 
 def _run(sandbox: Sandbox, command: str) -> None:
