@@ -47,8 +47,10 @@ class HarborSample:
     def resources(self) -> Resources:
         """The task's container resources: cpus, memory, storage, and no network unless it allows the internet."""
         c = self.task.config
+        # A task written for a bigger machine still runs here, on all of this one's (the engine refuses more).
+        cpus = min(c.cpus, float(os.cpu_count() or 1)) if c.cpus else None
         return Resources(
-            cpus=c.cpus,
+            cpus=cpus,
             memory_mb=c.memory_mb,
             storage_mb=c.storage_mb,
             network=c.allow_internet,
