@@ -105,10 +105,13 @@ def test_an_oracle_run_passes_or_names_each_task_and_needs_no_endpoint(tmp_path,
 
 def test_a_model_sees_the_tasks_container_and_never_the_tests_or_the_solution(tmp_path, harbor_base, docker_run_name):
     data = task_set(tmp_path, "sum-numbers", "peek")
+    toml = data / "sum-numbers" / "task.toml"
+    toml.write_text(toml.read_text().replace("cpus = 1", "cpus = 64"))  # more than this machine has
     probe = (
         "ls /tests /solution 2>&1; ls /sys/class/net; pwd; "
         "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max; "
-        'echo "mode=$TASK_MODE"'
+        'echo "mode=$TASK_MODE"; '
+        "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cut -d' ' -f1 /sys/fs/cgroup/cpu.max"
     )
     script = {
         (TASKS / "sum-numbers" / "instruction.md").read_text(): [sh(probe), answer("I looked around.")],
@@ -130,8 +133,9 @@ def test_a_model_sees_the_tasks_container_and_never_the_tests_or_the_solution(tm
     output = json.loads(seen)["output"]
     assert "ls: cannot access '/tests': No such file or directory" in output
     assert "ls: cannot access '/solution': No such file or directory" in output
-    # No network, the workdir, memory_mb, [environment] env.
-    assert output.split("\n")[2:6] == ["lo", "/app", str(512 * 1024 * 1024), "mode=graded"]
+    # No network, the workdir, memory_mb, [environment] env, and every CPU of the machine (not 64).
+    quota = str((os.cpu_count() or 1) * 100_000)
+    assert output.split("\n")[2:7] == ["lo", "/app", str(512 * 1024 * 1024), "mode=graded", quota]
     # A failing task: the agent did not write the sum.
     assert (lines["sum-numbers"]["passed"], lines["sum-numbers"]["reward"]) == (False, 0.0)
     peek = lines["peek"]
