@@ -138,7 +138,7 @@ def test_one_task_directory_is_a_task_set_of_one():
 
 
 def test_an_empty_directory_is_no_task_set(tmp_path):
-    with pytest.raises(TaskSetError, match="holds no Harbor task"):
+    with pytest.raises(TaskSetError, match="is a directory but holds no Harbor task"):
         load_tasks(str(tmp_path))
 
 

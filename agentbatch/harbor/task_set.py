@@ -59,5 +59,8 @@ def load_tasks(path: str, max_samples: int | None = None) -> tuple[list[HarborTa
         some = ", ".join(which[:3]) + (f" and {len(which) - 3} more" if len(which) > 3 else "")
         warnings.append(f"task.toml: {what} ({some})")
     if not tasks and not warnings:
-        raise TaskSetError(f"{path} holds no Harbor task (a directory with instruction.md and task.toml)")
+        raise TaskSetError(
+            f"{path} is a directory but holds no Harbor task (a directory with instruction.md and task.toml); "
+            "--dataset_file names a JSONL file, a Harbor task directory or a directory of them"
+        )
     return tasks, warnings
