@@ -9,7 +9,7 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
-from agentbatch import dataset_formats, flags, plugins, process_guard, sandboxes, secrets_guard
+from agentbatch import dataset_formats, flags, plugins, process_guard, secrets_guard
 from agentbatch import flag_checks as check
 from agentbatch.budget import BudgetSettings
 from agentbatch.errors import FatalError
@@ -24,6 +24,7 @@ from agentbatch.model.usage import Prices
 from agentbatch.prompt_runner import RunConfig
 from agentbatch.run_files import RunFiles
 from agentbatch.sandboxes.base import SandboxSettings, owner_labels
+from agentbatch.sandboxes.choice import choose as choose_sandboxes
 from agentbatch.session import Session, new_session_id
 from agentbatch.tools import settings as tool_settings
 
@@ -78,8 +79,23 @@ def run(raw: dict[str, Any]) -> int:
         moa_models=f["moa_models"],
         moa_aggregator=f["moa_aggregator"],
     )
-    # Probed once, here: bwrap where it works, else local (a one-line note says which, printed as the run starts).
-    sandbox_kind, sandbox_note = sandboxes.choose(f["sandbox"], network=f["sandbox_network"])
+    # Chosen once, here (bwrap probed): a one-line note says which, printed as the run starts.
+    sandbox, sandbox_note = choose_sandboxes(
+        f["sandbox"],
+        os.environ,
+        SandboxSettings(
+            docker_image=f["docker_image"],
+            memory=f["docker_memory"],
+            cpus=f["docker_cpus"],
+            pids=f["docker_pids"],
+            network=f["sandbox_network"],
+            processes=f["sandbox_processes"],
+            memory_bytes=f["sandbox_memory"],
+            file_size_bytes=f["sandbox_file_size"],
+            cpu_seconds=f["sandbox_cpu_seconds"],
+        ),
+        images=any(e.image for e in entries),
+    )
     with ExitStack() as stack:
         if local:
             from agentbatch.model import local_server
@@ -117,19 +133,7 @@ def run(raw: dict[str, Any]) -> int:
                 pacing_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="br-pacing-")),
             ),
             tools=tools,
-            sandbox=SandboxSettings(
-                kind=sandbox_kind,
-                docker_image=f["docker_image"],
-                memory=f["docker_memory"],
-                cpus=f["docker_cpus"],
-                pids=f["docker_pids"],
-                starts=sandbox_starts(f["sandbox_starts"], plan.processes),
-                network=f["sandbox_network"],
-                processes=f["sandbox_processes"],
-                memory_bytes=f["sandbox_memory"],
-                file_size_bytes=f["sandbox_file_size"],
-                cpu_seconds=f["sandbox_cpu_seconds"],
-            ),
+            sandbox=dataclasses.replace(sandbox, starts=sandbox_starts(f["sandbox_starts"], plan.processes)),
             limits=PromptLimits(f["prompt_timeout"], f["max_tokens_per_prompt"], f["max_cost_per_prompt"]),
             prices=Prices(f["price_input"] or 0.0, f["price_output"] or 0.0),
             system_prompt=f["ephemeral_system_prompt"],

@@ -36,6 +36,11 @@ BUILTINS = (
     "agentbatch.tools.image",
     "agentbatch.tools.moa",
     "agentbatch.tools.browser",
+    # The sandbox backends, in the order --sandbox lists them; docker's imports the Docker SDK only when
+    # a sample first needs it.
+    "agentbatch.sandboxes.bwrap",
+    "agentbatch.sandboxes.local",
+    "agentbatch.sandboxes.docker",
     # The JSONL dataset format.
     "agentbatch.dataset",
     # Harbor task directories, and --model=oracle (docs/harbor.md).

@@ -7,7 +7,7 @@ import traceback
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from agentbatch import sandboxes, verification
+from agentbatch import verification
 from agentbatch.agent_loop import run_agent
 from agentbatch.harbor.sample import HarborSample
 from agentbatch.limits import PromptLimits, SessionLimits
@@ -15,6 +15,7 @@ from agentbatch.model import registry as models
 from agentbatch.model.base import Model, ModelCallError
 from agentbatch.model.client import ModelClient, ModelSettings
 from agentbatch.model.usage import Prices, Usage
+from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
 from agentbatch.secrets_guard import Redactor
 from agentbatch.tools.context import ToolContext
@@ -136,7 +137,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
         )
         if harbor:
             harbor.check_unavailable()  # its image could not be built: fails before any model call
-        sandboxes.prepare(spec)  # before any model call: an unavailable image costs no tokens
+        sandbox_backends.get(spec.kind).prepare(spec)  # before any model call: an absent image costs no tokens
         prompt_limits = replace(cfg.limits, seconds=harbor.prompt_timeout) if harbor else cfg.limits
         limits = SessionLimits(prompt_limits, usage)  # the time limit counts from here, after the image check
         ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
@@ -191,7 +192,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             outcome.error += "\n" + traceback.format_exc()
     finally:
         if ctx is not None:
-            ctx.close()
+            ctx.close(interrupted=outcome.status == "failed")
         outcome.usage = usage.as_dict()
         outcome.seconds = time.monotonic() - start
     return outcome

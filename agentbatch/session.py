@@ -13,7 +13,6 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 
-from agentbatch import sandboxes
 from agentbatch.budget import Budget, BudgetSettings, spent_in
 from agentbatch.dataset import Entry
 from agentbatch.errors import FatalError
@@ -23,6 +22,7 @@ from agentbatch.progress import Progress
 from agentbatch.prompt_runner import PromptOutcome, PromptTask, RunConfig, now_iso
 from agentbatch.run_files import RunFiles, iter_records, prompt_key, sample_key
 from agentbatch.run_statistics import RunStats, format_summary
+from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
 from agentbatch.tools.registry import load_tools, unavailable_tools
 from toolset_distributions import Distribution, prompt_rng, sample_toolsets
@@ -110,7 +110,7 @@ class Session:
         except OSError as e:
             raise FatalError(f"cannot write to {files.dir}: {e.strerror}") from None
         self.previous = files.read_json("checkpoint.json") or {}
-        kinds = {self.cfg.sandbox.kind} | ({"docker"} if any(e.image for e in self.entries) else set())
+        kinds = self.cfg.sandbox.kinds(images=any(e.image for e in self.entries))
         self._reap(kinds)
         self._warn_unavailable_tools()
         remaining = self._remaining()
@@ -218,16 +218,14 @@ class Session:
         # another directory and is never touched.
         labels = {RUN_DIR_LABEL: owner_labels(self.files.dir, self.session_id)[RUN_DIR_LABEL]}
         for kind in kinds:
+            backend = sandbox_backends.get(kind)
             try:
-                n = sandboxes.reap(kind, labels)
+                n = backend.reap(labels)
             except Exception as e:  # no engine: a run that only may use it must not fail for it
                 log.info("no %s clean-up: %s", kind, e)
                 continue
             if n:
-                if kind == "docker":
-                    print(f"removed {n} containers {whose} of {self.cfg.run_name}", file=sys.stderr)
-                else:  # local and bwrap sandboxes are told apart by their dead worker, whatever the run
-                    print(f"removed {n} {kind} sandboxes whose worker had died", file=sys.stderr)
+                print(backend.reaped(n, f"{whose} of {self.cfg.run_name}"), file=sys.stderr)
 
     def _warn_unavailable_tools(self) -> None:
         """One warning per missing backend, for the toolsets this distribution can sample, once at start."""
