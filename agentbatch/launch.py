@@ -161,7 +161,7 @@ def run(raw: dict[str, Any]) -> int:
         ex = stack.enter_context(closing(executor(cfg, plan, f["ray_address"])))
         code = session.run(ex)
     if f["model"] == oracle.NAME:
-        for line in harbor_run.oracle_summary(run_dir):
+        for line in harbor_run.oracle_summary(run_dir, entries):
             print(line)
     if f["export"]:
         from agentbatch.export import from_flags

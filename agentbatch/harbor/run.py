@@ -96,17 +96,28 @@ def _engine_or_fatal() -> None:
         ) from None
 
 
-def oracle_summary(run_dir: str) -> list[str]:
-    """The oracle's pass rate over the run's tasks, then each task whose reference solution does not pass."""
+def oracle_summary(run_dir: str, entries: list[Entry]) -> list[str]:
+    """The oracle's pass rate over the dataset's tasks, then each task whose reference solution does not pass.
+
+    Lines of an earlier version of a task (another identity: it was edited since) do not count.
+    """
+    tasks = {e.harbor.task.name: e.identity for e in harbor_entries(entries)}
+
+    def of_this_dataset(line: dict) -> str | None:
+        name, identity = _task_name(line), line.get("identity")
+        if name not in tasks or (isinstance(identity, str) and identity and identity != tasks[name]):
+            return None
+        return name
+
     verdicts: dict[str, list[str]] = defaultdict(list)  # task name -> one word per sample ("passed", or why not)
     for name in ("trajectories.jsonl", "discarded.jsonl"):
         for line in _lines(run_dir, name):
-            task = _task_name(line)
+            task = of_this_dataset(line)
             if task is not None:
                 verdicts[task].append(_verdict(line))
     failed: dict[str, str] = {}
     for line in _lines(run_dir, "failed.jsonl"):
-        task = _task_name(line)
+        task = of_this_dataset(line)
         if task is not None and task not in verdicts:
             failed[task] = (str(line.get("error") or "failed").splitlines() or ["failed"])[0][:200]
     names = sorted(verdicts.keys() | failed.keys())
