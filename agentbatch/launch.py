@@ -15,18 +15,16 @@ from agentbatch.budget import BudgetSettings
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
 from agentbatch.executors.base import Executor
-from agentbatch.harbor import oracle
 from agentbatch.harbor import run as harbor_run
 from agentbatch.limits import PromptLimits
 from agentbatch.model import registry as models
 from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.model.usage import Prices
-from agentbatch.prompt_runner import RunConfig
-from agentbatch.run_files import RunFiles
 from agentbatch.sandboxes.base import SandboxSettings, owner_labels
 from agentbatch.sandboxes.choice import choose as choose_sandboxes
-from agentbatch.session import Session, new_session_id
+from agentbatch.session import Session, SessionSettings, new_session_id
 from agentbatch.tools import settings as tool_settings
+from agentbatch.work import RunConfig
 
 T = TypeVar("T")
 # Containers created at once per core by default: the engine's best parallelism (bench/RESULTS.md, (12)).
@@ -144,30 +142,39 @@ def run(raw: dict[str, Any]) -> int:
         )
         # Harbor tasks: each sample's limits, and every image built before any sample starts (docs/harbor.md).
         harbor_run.prepare(entries, run_dir, f, given=set(raw), log=lambda m: print(m, file=sys.stderr))
-        files = RunFiles(run_dir, secrets=secrets)
+        exports = _export_at_end(f, secrets) if f["export"] else None
         session = Session(
-            cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"], f["samples_per_prompt"]
+            SessionSettings(
+                cfg,
+                run_dir,
+                entries,
+                f["batch_size"],
+                f["distribution"],
+                seed=f["seed"],
+                resume=f["resume"],
+                samples_per_prompt=f["samples_per_prompt"],
+                dataset_file=f["dataset_file"],
+                session_id=session_id,
+                sandbox_note=harbor_run.SANDBOX_NOTE if tasks else sandbox_note,
+                budget=BudgetSettings(
+                    f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
+                ),
+                progress_seconds=f["progress_seconds"],
+                slots=plan.sessions,
+                priced=priced or reports_cost(base_url),
+                at_end=harbor_run.oracle_summary_at_end(f, run_dir, entries, exports),
+            )
         )
-        session.dataset_file = f["dataset_file"]
-        session.session_id = session_id
-        session.sandbox_note = harbor_run.SANDBOX_NOTE if tasks else sandbox_note
-        session.budget_settings = BudgetSettings(
-            f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
-        )
-        session.progress_seconds = f["progress_seconds"]
-        session.priced = priced or reports_cost(base_url)
-        session.slots = plan.sessions
         # Made before the session runs: local workers start now, while the runner is still one thread.
         ex = stack.enter_context(closing(executor(cfg, plan, f["ray_address"])))
-        code = session.run(ex)
-    if f["model"] == oracle.NAME:
-        for line in harbor_run.oracle_summary(run_dir, entries):
-            print(line)
-    if f["export"]:
-        from agentbatch.export import from_flags
+        return session.run(ex)
 
-        return from_flags.after_session(f, secrets, code)
-    return code
+
+def _export_at_end(f: dict[str, Any], secrets: tuple[str, ...]):
+    """The exports asked for with a run: written as its session ends, before it lets the run directory go."""
+    from agentbatch.export import from_flags
+
+    return lambda code: from_flags.after_session(f, secrets, code)
 
 
 def _from_flags(cls: type[T], f: dict[str, Any], **given: Any) -> T:

@@ -42,7 +42,7 @@ BUILTINS = (
     "agentbatch.sandboxes.local",
     "agentbatch.sandboxes.docker",
     # The JSONL dataset format.
-    "agentbatch.dataset",
+    "agentbatch.dataset_jsonl",
     # Harbor task directories, and --model=oracle (docs/harbor.md).
     "agentbatch.harbor.dataset_format",
     "agentbatch.harbor.oracle",

@@ -16,7 +16,8 @@ from agentbatch.dataset import Entry
 from agentbatch.errors import FatalError
 from agentbatch.harbor import images, oracle
 from agentbatch.harbor.sample import HarborSample, Limits
-from agentbatch.run_files import iter_records
+from agentbatch.run_dir import lines
+from agentbatch.run_dir.paths import DISCARDED, FAILED, TRAJECTORIES, RunPaths
 from toolset_distributions import DISTRIBUTIONS
 
 SANDBOX_NOTE = "sandbox: docker (each Harbor task in a container of its own image, with its own resources)"
@@ -96,6 +97,21 @@ def _engine_or_fatal() -> None:
         ) from None
 
 
+def oracle_summary_at_end(
+    f: dict, run_dir: str, entries: list[Entry], then: Callable[[int], int] | None
+) -> Callable[[int], int] | None:
+    """The session's last step (`then`, e.g. the exports), after the oracle's verdict when the model is the oracle."""
+    if f["model"] != oracle.NAME:
+        return then
+
+    def at_end(code: int) -> int:
+        for line in oracle_summary(run_dir, entries):
+            print(line)
+        return then(code) if then is not None else code
+
+    return at_end
+
+
 def oracle_summary(run_dir: str, entries: list[Entry]) -> list[str]:
     """The oracle's pass rate over the dataset's tasks, then each task whose reference solution does not pass.
 
@@ -110,13 +126,13 @@ def oracle_summary(run_dir: str, entries: list[Entry]) -> list[str]:
         return name
 
     verdicts: dict[str, list[str]] = defaultdict(list)  # task name -> one word per sample ("passed", or why not)
-    for name in ("trajectories.jsonl", "discarded.jsonl"):
+    for name in (TRAJECTORIES, DISCARDED):
         for line in _lines(run_dir, name):
             task = of_this_dataset(line)
             if task is not None:
                 verdicts[task].append(_verdict(line))
     failed: dict[str, str] = {}
-    for line in _lines(run_dir, "failed.jsonl"):
+    for line in _lines(run_dir, FAILED):
         task = of_this_dataset(line)
         if task is not None and task not in verdicts:
             failed[task] = (str(line.get("error") or "failed").splitlines() or ["failed"])[0][:200]
@@ -136,8 +152,8 @@ def oracle_summary(run_dir: str, entries: list[Entry]) -> list[str]:
 
 
 def _lines(run_dir: str, name: str):
-    path = os.path.join(run_dir, name)
-    return iter_records(path) if os.path.exists(path) else ()
+    path = RunPaths(run_dir).path(name)
+    return lines.records(path) if os.path.exists(path) else ()
 
 
 def _task_name(line: dict) -> str | None:

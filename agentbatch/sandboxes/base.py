@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
 # Labels of every sandbox that carries labels (a container): which run directory and which session made it.
-# A session holds its run directory's lock (run_files.RunFiles.lock) while it runs, so once a session has
+# A session holds its run directory's lock (run_dir/lock.py) while it runs, so once a session has
 # the lock, every sandbox of that directory but its own is a dead session's, and may be removed.
 RUN_DIR_LABEL = "batch_runner.run_dir"
 SESSION_LABEL = "batch_runner.session"
