@@ -59,8 +59,20 @@ def no_check() -> dict:
     return {
         "reward": None,
         "passed": None,
-        "check": {"status": "none", "exit_code": None, "output": "", "seconds": 0.0, "answer_matched": None},
+        "check": {
+            "status": "none",
+            "exit_code": None,
+            "output": "",
+            "seconds": 0.0,
+            "answer_matched": None,
+            "rewards": None,
+        },
     }
+
+
+def no_task() -> dict:
+    """The `task` of a line whose row is not a Harbor task: the same keys, no values (docs/harbor.md)."""
+    return {"name": None, "difficulty": None, "category": None, "tags": []}
 
 
 def with_think_block(reasoning: str, content: str) -> str:
@@ -214,12 +226,14 @@ def build_record(
     outcome: dict | None = None,
     identity: str | None = None,
     tool_names: Iterable[str] = ALL_TOOL_NAMES,
+    task: dict | None = None,
 ) -> dict:
     """One trajectory line; every line of a run has the same keys and nested shape, so `datasets` loads any mix.
 
     `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()); `identity` is the
     row's (dataset.task_identity), which the runner always gives; `tool_names` are the run's tools, each with
-    its entry in `tool_stats` and `tool_error_counts`.
+    its entry in `tool_stats` and `tool_error_counts`; `task` is a Harbor task's name, difficulty, category
+    and tags.
     """
     conversations = to_conversations(messages)
     stats = tool_stats_of(messages, tool_names)
@@ -227,6 +241,7 @@ def build_record(
         "prompt_index": prompt_index,
         "conversations": conversations,
         "metadata": {"batch_num": batch_num, "timestamp": timestamp, "model": model},
+        "task": dict(task) if task else no_task(),
         "completed": completed,
         "partial": partial,
         "stop_reason": stop_reason,
@@ -274,6 +289,8 @@ VALUE_KINDS: dict[str, bytes] = {
     "check_exit_code": b'"exit_code": ',
     "answer_matched": b'"answer_matched": ',
     "identity": b'"identity": "',
+    "rewards": b'"rewards": ',
+    "task": b'"task": {"name": ',
 }
 
 
@@ -289,11 +306,13 @@ def shown_kinds(record: dict) -> set[str]:
         "check_exit_code": check is not None and check.get("exit_code") is not None,
         "answer_matched": check is not None and check.get("answer_matched") is not None,
         "identity": isinstance(record.get("identity"), str),
+        "rewards": check is not None and check.get("rewards") is not None,
+        "task": isinstance(record.get("task"), dict) and record["task"].get("name") is not None,
     }
     return {kind for kind, yes in shown.items() if yes}
 
 
-_CHECK_KINDS = frozenset({"reward", "check_exit_code", "answer_matched"})
+_CHECK_KINDS = frozenset({"reward", "check_exit_code", "answer_matched", "rewards"})
 _NO_CHECK = b'"check": {"status": "none"'  # how build_record writes a line without a check
 
 

@@ -21,7 +21,9 @@ class Entry:
     setup: str | None = None
     verify: str | None = None
     answers: tuple[str, ...] = ()
-    identity: str = ""
+    identity: str = ""  # what resume matches: task_identity of the row, unless its format gives one
+    metadata: dict | None = None  # a Harbor task's name, difficulty, category and tags: the lines' `task`
+    harbor: object | None = None  # a Harbor task's own limits, tests and solution (harbor/sample.py HarborSample)
 
     def __post_init__(self) -> None:
         if not self.identity:

@@ -244,6 +244,12 @@ FLAGS: tuple[Flag, ...] = (
         check.boolean,
     ),
     Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.positive_float),
+    Flag(
+        "timeout_multiplier",
+        1.0,
+        "scales each Harbor task's own agent, verifier and build timeouts (slow machines)",
+        check.positive_float,
+    ),
     Flag("logprobs", False, "ask for token log probabilities and store them with each assistant turn", check.boolean),
     Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int),
     _t(

@@ -15,6 +15,7 @@ from agentbatch.budget import BudgetSettings
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
 from agentbatch.executors.base import Executor
+from agentbatch.harbor import run as harbor_run
 from agentbatch.limits import PromptLimits
 from agentbatch.model import registry as models
 from agentbatch.model.client import ModelSettings, reports_cost
@@ -50,10 +51,13 @@ def run(raw: dict[str, Any]) -> int:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if not entries:
+        if os.path.isdir(f["dataset_file"]):
+            raise FatalError(f"no runnable Harbor task in {f['dataset_file']} (the warnings above say why)")
         raise FatalError(
             f'no valid entries in {f["dataset_file"]}: each line needs a JSON object with a "prompt" string'
         )
-    if f["require_pass"] and not any(e.verify or e.answers for e in entries):
+    tasks = harbor_run.apply_flags(f, entries)  # --model=oracle: its implied flags, and only over Harbor tasks
+    if f["require_pass"] and not any(e.verify or e.answers or e.harbor for e in entries):
         raise FatalError(
             f"--require_pass keeps only samples that pass their check, but no row of {f['dataset_file']} has "
             'a "verify" or "answer" field; add checks to the rows or drop --require_pass'
@@ -147,6 +151,9 @@ def run(raw: dict[str, Any]) -> int:
             tool_set=own_tools,
             sandbox_labels=owner_labels(run_dir, session_id),
         )
+        # Harbor tasks: each sample's limits, and every image built before any sample starts (docs/harbor.md).
+        harbor_run.prepare(entries, run_dir, f, given=set(raw), log=lambda m: print(m, file=sys.stderr))
+        exports = _export_at_end(f, secrets) if f["export"] else None
         session = Session(
             SessionSettings(
                 cfg,
@@ -159,14 +166,14 @@ def run(raw: dict[str, Any]) -> int:
                 samples_per_prompt=f["samples_per_prompt"],
                 dataset_file=f["dataset_file"],
                 session_id=session_id,
-                sandbox_note=sandbox_note,
+                sandbox_note=harbor_run.SANDBOX_NOTE if tasks else sandbox_note,
                 budget=BudgetSettings(
                     f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
                 ),
                 progress_seconds=f["progress_seconds"],
                 slots=plan.sessions,
                 priced=priced or reports_cost(base_url),
-                at_end=_export_at_end(f, secrets) if f["export"] else None,
+                at_end=harbor_run.oracle_summary_at_end(f, run_dir, entries, exports),
             )
         )
         # Made before the session runs: local workers start now, while the runner is still one thread.

@@ -43,6 +43,9 @@ BUILTINS = (
     "agentbatch.sandboxes.docker",
     # The JSONL dataset format.
     "agentbatch.dataset_jsonl",
+    # Harbor task directories, and --model=oracle (docs/harbor.md).
+    "agentbatch.harbor.dataset_format",
+    "agentbatch.harbor.oracle",
 )
 
 _lock = threading.RLock()

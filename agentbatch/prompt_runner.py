@@ -51,15 +51,26 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
     usage = Usage(prices=cfg.prices)
     outcome = PromptOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
     ctx = None
+    harbor = task.harbor
     try:
         spec = SandboxSpec(
-            cfg.sandbox, image=task.image, cwd=task.cwd, run_name=cfg.run_name, labels=dict(cfg.sandbox_labels)
+            cfg.sandbox,
+            image=task.image,
+            cwd=task.cwd,
+            run_name=cfg.run_name,
+            labels=dict(cfg.sandbox_labels),
+            resources=harbor.resources() if harbor else None,
         )
+        if harbor:
+            harbor.check_unavailable()  # its image could not be built: fails before any model call
         sandbox_backends.get(spec.kind).prepare(spec)  # before any model call: an absent image costs no tokens
-        limits = SessionLimits(cfg.limits, usage)  # the time limit counts from here, after the image check
+        prompt_limits = replace(cfg.limits, seconds=harbor.prompt_timeout) if harbor else cfg.limits
+        limits = SessionLimits(prompt_limits, usage)  # the time limit counts from here, after the image check
         ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
         if task.setup:  # before any model call too: a task whose files cannot be made costs no tokens
             verification.run_setup(ctx, task.setup, cfg.check_timeout)
+        if harbor:
+            harbor.before_agent(ctx.sandbox(), cfg.model.model)
         tools = offered_tools(task.toolsets, cfg.tools)
         result = run_agent(
             task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
@@ -67,9 +78,12 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
         # In the same sandbox, before ctx.close() removes it.
-        check = verification.run_check(
-            ctx, task.verify, task.answers, verification.last_message(result.messages), cfg.check_timeout
-        )
+        if harbor:
+            check = harbor.check(ctx.sandbox())
+        else:
+            check = verification.run_check(
+                ctx, task.verify, task.answers, verification.last_message(result.messages), cfg.check_timeout
+            )
         record = build_record(
             prompt_index=task.index,
             messages=result.messages,
@@ -87,6 +101,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             outcome=check.fields(),
             identity=task.identity,
             tool_names=cfg.tool_set.names,
+            task=task.metadata,
         )
         outcome.record = record
         if cfg.require_reasoning and not any(

@@ -197,7 +197,19 @@ class Session:
             toolsets = sample_toolsets(s.distribution, prompt_rng(s.seed, i))
             batch = self._first_batch + j // s.batch_size
             task = PromptTask(
-                i, e.prompt, batch, toolsets, e.image, e.cwd, sample, e.setup, e.verify, e.answers, e.identity
+                i,
+                e.prompt,
+                batch,
+                toolsets,
+                e.image,
+                e.cwd,
+                sample,
+                e.setup,
+                e.verify,
+                e.answers,
+                e.identity,
+                metadata=e.metadata,
+                harbor=e.harbor,
             )
             self._in_flight[task.key] = task
             self.view.started(task.key)

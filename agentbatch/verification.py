@@ -40,6 +40,7 @@ class CheckResult:
     output: str = ""
     seconds: float = 0.0
     answer_matched: bool | None = None
+    rewards: dict[str, float] | None = None  # a Harbor task's named rewards (harbor/verifier.py)
 
     def fields(self) -> dict:
         """The trajectory line's `reward`, `passed` and `check` (every key always present)."""
@@ -52,6 +53,7 @@ class CheckResult:
                 "output": self.output,
                 "seconds": round(float(self.seconds), 3),
                 "answer_matched": self.answer_matched,
+                "rewards": self.rewards,
             },
         }
 

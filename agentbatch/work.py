@@ -60,6 +60,8 @@ class PromptTask:
     verify: str | None = None
     answers: tuple[str, ...] = ()
     identity: str = ""  # the row's (dataset.task_identity), on every line the sample writes
+    metadata: dict | None = None  # a Harbor task's name, difficulty, category and tags: the line's `task`
+    harbor: object | None = None  # a Harbor task's limits, tests and solution (harbor/sample.py HarborSample)
 
     @property
     def key(self) -> tuple[int, int]:

@@ -174,7 +174,10 @@ def _fatal_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     cases["dataset missing"] = ([f"--dataset_file={tmp / 'nope.jsonl'}", *no_dataset], "does not exist")
     cases["dataset empty"] = ([f"--dataset_file={tmp / 'empty.jsonl'}", *no_dataset], "no valid entries")
     cases["dataset all bad"] = ([f"--dataset_file={tmp / 'all_bad.jsonl'}", *no_dataset], "no valid entries")
-    cases["dataset is a directory"] = ([f"--dataset_file={tmp}", *no_dataset], "cannot read dataset")
+    cases["dataset is a directory"] = (
+        [f"--dataset_file={tmp}", *no_dataset],
+        "is a directory but holds no Harbor task",
+    )
     cases["dataset flag missing"] = (no_dataset, "--dataset_file is required")
     return cases
 

@@ -17,7 +17,7 @@ from agentbatch.run_dir.lines import ReadCounts
 from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
 from agentbatch.tool_set import ToolSet
 from toolset_distributions import ALL_TOOL_NAMES
-from trajectory import first_human, no_check, unknown_tools, with_tool_names
+from trajectory import first_human, no_check, no_task, unknown_tools, with_tool_names
 
 try:  # 3-5x faster than json on long lines: most of a large export's time is parsing (bench/RESULTS.md, (7))
     from orjson import loads as _loads
@@ -276,12 +276,13 @@ def parsed_tools(record: dict) -> list[dict]:
 
 
 def outcome(record: dict) -> dict:
-    """The line's `sample_index`, `reward`, `passed` and `check` as written, with the neutral values of lines
-    written before them (sample 0, no check), so every exported line has all four."""
+    """The line's `sample_index`, `reward`, `passed`, `check` and `task` as written, with the neutral values of
+    lines written before them (sample 0, no check, no Harbor task), so every exported line has all five."""
     sample = record.get("sample_index")
     fields = {"sample_index": sample if isinstance(sample, int) and not isinstance(sample, bool) else 0}
     fields.update(no_check())
     fields.update({k: record[k] for k in ("reward", "passed", "check") if k in record})
+    fields["task"] = record["task"] if isinstance(record.get("task"), dict) else no_task()
     return fields
 
 

@@ -137,6 +137,6 @@ class Writer(JsonlWriter):
     card_text = (
         "# {run_name}: Hermes agent trajectories\n\n"
         "{written} trajectories in `{file}`, in the form the original agent's batch runner writes, "
-        "plus `sample_index` and `extra` (JSON text: `reward`, `passed`, `check` and the gpt turns' `logprobs`). "
+        "plus `sample_index` and `extra` (JSON text: `reward`, `passed`, `check`, `task` and the gpt turns' `logprobs`). "
         "Written by batch-runner's `--export=hermes`.\n"
     )

@@ -134,7 +134,7 @@ class Writer:
             f"# {name}: LLaMA-Factory sharegpt format\n\n"
             f"{self.written} trajectories in `{FILE}`, registered as `{name}` by `dataset_info.json` "
             f"(train with `dataset_dir: {self.ctx.run_dir / 'export' / 'llama_factory'}` and `dataset: {name}`). "
-            "`sample_index` and `extra` (JSON text: `reward`, `passed`, `check` and the model turns' `logprobs`) "
+            "`sample_index` and `extra` (JSON text: `reward`, `passed`, `check`, `task` and the model turns' `logprobs`) "
             "are ignored by LLaMA-Factory. Written by batch-runner's `--export=llama_factory`.\n"
         )
         write_card(self.out / "README.md", FEATURES, FILE, body)

@@ -128,6 +128,7 @@ if msgspec is not None:
         prompt_index: _Raw = _Raw()
         sample_index: _Raw = _Raw()
         metadata: _Raw = _Raw()
+        task: _Raw = _Raw()
         completed: _Raw = _Raw()
         partial: _Raw = _Raw()
         stop_reason: _Raw = _Raw()

@@ -68,6 +68,7 @@ def _schema(names: tuple[str, ...]) -> pa.Schema:
             ("sample_index", _i),
             ("conversations", pa.list_(TURN)),
             ("metadata", pa.struct([("batch_num", _i), ("timestamp", _s), ("model", _s)])),
+            ("task", pa.struct([("name", _s), ("difficulty", _s), ("category", _s), ("tags", pa.list_(_s))])),
             ("completed", pa.bool_()),
             ("partial", pa.bool_()),
             ("stop_reason", _s),
@@ -159,6 +160,7 @@ def to_row(record: dict, names: tuple[str, ...] = ALL_TOOL_NAMES) -> dict:
     meta = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
     reward = record.get("reward")
     passed = record.get("passed")
+    task = record.get("task") if isinstance(record.get("task"), dict) else None
     return {
         "prompt_index": _int(record.get("prompt_index")),
         "sample_index": _int(record.get("sample_index")) or 0,
@@ -168,6 +170,12 @@ def to_row(record: dict, names: tuple[str, ...] = ALL_TOOL_NAMES) -> dict:
             "timestamp": _text(meta.get("timestamp")),
             "model": _text(meta.get("model")),
         },
+        "task": {
+            **{k: _text(task.get(k)) for k in ("name", "difficulty", "category")},
+            "tags": [str(t) for t in task.get("tags") or ()],
+        }
+        if task is not None
+        else None,
         "completed": bool(record.get("completed")),
         "partial": bool(record.get("partial")),
         "stop_reason": _text(record.get("stop_reason")),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from agentbatch.run_dir.files import RunFiles, read_json
 from agentbatch.run_dir.paths import CHECKPOINT, DISCARDED, FAILED
 from agentbatch.work import now_iso
-from trajectory import with_tool_names
+from trajectory import no_task, with_tool_names
 
 if TYPE_CHECKING:
     from agentbatch.work import PromptOutcome, PromptTask
@@ -76,6 +76,7 @@ class Recorder:
                     "stop_reason": "error",
                     "model": self.facts.model,
                     "toolsets_used": list(task.toolsets) if task else [],
+                    "task": (task.metadata if task else None) or no_task(),
                 },
             )
         self.counts[o.status] += 1

@@ -69,15 +69,27 @@ class SandboxSettings:
         return {self.kind, self.image_kind} if images else {self.kind}
 
 
+@dataclass(frozen=True)
+class Resources:
+    """A sample's own container resources (a Harbor task's); None leaves the run's flag in force."""
+
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None  # applied where the engine's storage driver can (docs/harbor.md)
+    network: bool | None = None  # False: no network, whatever --sandbox_network says
+    env: tuple[tuple[str, str], ...] = ()  # variables of the container, over the image's
+
+
 @dataclass
 class SandboxSpec:
-    """Where one sample runs: the run's settings plus the row's own image and working directory."""
+    """Where one sample runs: the run's settings plus the row's own image, working directory and resources."""
 
     settings: SandboxSettings = field(default_factory=SandboxSettings)
     image: str | None = None
     cwd: str | None = None
     run_name: str = "run"
     labels: dict[str, str] = field(default_factory=dict)
+    resources: Resources | None = None
 
     @property
     def kind(self) -> str:

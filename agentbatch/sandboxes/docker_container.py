@@ -27,6 +27,7 @@ from agentbatch.sandboxes.base import (
     RUN_LABEL,
     SANDBOX_ENV,
     ExecResult,
+    Resources,
     SandboxError,
     SandboxLost,
     SandboxSpec,
@@ -43,6 +44,7 @@ PROBE = "command -v bash 2>/dev/null || echo; id -u 2>/dev/null || echo 0; id -g
 # terminal the image may lack (bash and perl warn at every start about a missing LC_ALL locale).
 IMAGE_ENV = ("PATH", "LANG")
 TAG_VAR = "BR_EXEC_ID"
+_storage_refused: list[str] = []  # the engine said once that it cannot limit a container's disk: not asked again
 # Kills what one exec started ($1 its tag, $2 its shell's PID if known) with shell builtins and /proc only.
 # In /proc/N/stat the fields after ") " are: state ppid pgrp session ..., the 20th the start time. NUL
 # bytes of /proc/N/environ vanish in `read`, so a process's environment is read as one string.
@@ -100,6 +102,23 @@ def container_name(run_name: str) -> str:
     return f"br-{safe}-{uuid.uuid4().hex[:10]}"
 
 
+def _limits(spec: SandboxSpec) -> tuple[dict, bool]:
+    """The container's limits and whether it has a network: the run's flags, the sample's own resources over them."""
+    s, r = spec.settings, spec.resources or Resources()
+    limits: dict = {}
+    memory = f"{r.memory_mb}m" if r.memory_mb else s.memory
+    if memory:
+        limits.update(mem_limit=memory, memswap_limit=memory)  # no swap beyond the limit
+    cpus = r.cpus or s.cpus
+    if cpus:
+        limits["nano_cpus"] = int(cpus * 1e9)
+    if s.pids:
+        limits["pids_limit"] = int(s.pids)
+    if r.storage_mb:
+        limits["storage_opt"] = {"size": f"{int(r.storage_mb)}M"}
+    return limits, s.network and r.network is not False
+
+
 class DockerSandbox:
     """One container for one prompt; started when constructed, force-removed by cleanup()."""
 
@@ -120,29 +139,33 @@ class DockerSandbox:
         env = {k: SANDBOX_ENV[k] for k in IMAGE_ENV if k not in image_env}
         if user.split(":")[0] in ("", "root", "0"):
             env["HOME"] = "/root"
+        env.update(dict(spec.resources.env) if spec.resources else {})
         labels = {**spec.labels, RUN_LABEL: spec.run_name}
-        limits, s = {}, spec.settings
-        if s.memory:
-            limits.update(mem_limit=s.memory, memswap_limit=s.memory)  # no swap beyond the limit
-        if s.cpus:
-            limits["nano_cpus"] = int(s.cpus * 1e9)
-        if s.pids:
-            limits["pids_limit"] = int(s.pids)
+        limits, network = _limits(spec)
+        create = dict(
+            entrypoint=KEEPALIVE,
+            command=[],
+            name=container_name(spec.run_name),
+            working_dir=self.workdir,
+            environment=env,
+            labels=labels,
+            network_mode="bridge" if network else "none",
+            detach=True,
+            stdin_open=False,
+            tty=False,
+        )
         try:
-            container = engine.containers.create(
-                image,
-                entrypoint=KEEPALIVE,
-                command=[],
-                name=container_name(spec.run_name),
-                working_dir=self.workdir,
-                environment=env,
-                labels=labels,
-                network_mode="bridge" if s.network else "none",
-                detach=True,
-                stdin_open=False,
-                tty=False,
-                **limits,
-            )
+            if _storage_refused:
+                limits.pop("storage_opt", None)
+            try:
+                container = engine.containers.create(image, **create, **limits)
+            except docker.errors.APIError as e:
+                # storage_opt size needs a driver that can enforce it (overlay2 on xfs with pquota, btrfs, zfs...)
+                if "storage_opt" not in limits or "storage-opt" not in message(e).lower():
+                    raise
+                _storage_refused.append(message(e))
+                limits.pop("storage_opt")
+                container = engine.containers.create(image, **create, **limits)
         except ENGINE_ERRORS as e:
             raise SandboxError(f"cannot create a container from {image!r}: {message(e)}") from e
         self.container_id = container.id
