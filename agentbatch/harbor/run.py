@@ -18,7 +18,6 @@ from agentbatch.harbor import images, oracle
 from agentbatch.harbor.sample import HarborSample, Limits
 from agentbatch.run_dir import lines
 from agentbatch.run_dir.paths import DISCARDED, FAILED, TRAJECTORIES, RunPaths
-from toolset_distributions import DISTRIBUTIONS
 
 SANDBOX_NOTE = "sandbox: docker (each Harbor task in a container of its own image, with its own resources)"
 COMPOSE_UNSUPPORTED = (
@@ -42,7 +41,7 @@ def apply_flags(f: dict, entries: list[Entry]) -> bool:
             "directory or a directory of them"
         )
     # The oracle's one command needs the terminal, its time is the task's, and it never reasons.
-    f["distribution"] = DISTRIBUTIONS["terminal_only"]
+    f["distribution"] = "terminal_only"
     f["require_reasoning"], f["command_timeout"] = False, oracle.COMMAND_TIMEOUT
     return tasks
 
