@@ -33,10 +33,8 @@ DEFAULT_STARTS_PER_CORE = 2
 def run(raw: dict[str, Any]) -> int:
     """Check every flag, then run; returns the exit code."""
     f = flags.parse(raw)
-    if f["export"] and f["dataset_file"] is None:
-        from agentbatch.export import from_flags
-
-        return from_flags.export_only(f)
+    if f["dataset_file"] is None and (f["export"] or f["report"] or f["compare"]):
+        return existing_run(f)
     if f["dataset_file"] is None:
         raise FatalError('--dataset_file is required: a JSONL file with one {"prompt": ...} per line')
     if f["batch_size"] is None:
@@ -150,8 +148,25 @@ def run(raw: dict[str, Any]) -> int:
     if f["export"]:
         from agentbatch.export import from_flags
 
-        return from_flags.after_session(f, secrets, code)
+        code = from_flags.after_session(f, secrets, code)
+    if f["report"] or f["compare"]:
+        from agentbatch.report import from_flags as report_flags
+
+        code = report_flags.after_session(f, secrets, code)
     return code
+
+
+def existing_run(f: dict[str, Any]) -> int:
+    """--run_name without a dataset: export it and/or write its report as it is now, and exit."""
+    if f["export"]:
+        from agentbatch.export import from_flags
+
+        from_flags.export_only(f)
+    if f["report"] or f["compare"]:
+        from agentbatch.report import from_flags as report_flags
+
+        report_flags.report_only(f)
+    return 0
 
 
 def _from_flags(cls: type[T], f: dict[str, Any], **given: Any) -> T:

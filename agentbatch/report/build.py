@@ -1,0 +1,110 @@
+"""Write a report of one run, or of several side by side: each run's files read once, feeding its figures and the
+trajectories' index and chunks, then the page written beside and swapped in whole."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agentbatch.errors import FatalError
+from agentbatch.report import page, prompts
+from agentbatch.report.collect import RunReader
+from agentbatch.report.figures import Figures
+from agentbatch.report.pack import COLUMNS, KIND_CODES, STATUS_CODES, TEXT_CAP, Index
+
+CHECKPOINT_FIELDS = (
+    "state", "model", "distribution", "dataset_file", "total_prompts", "batch_size", "sessions",
+    "duration_seconds", "updated_at",
+)  # fmt: skip
+
+
+@dataclass
+class Written:
+    """What a report holds and what writing it took."""
+
+    path: Path
+    items: int
+    bytes: int
+    seconds: float
+    skipped: int
+
+
+def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ()) -> Written:
+    """Write the report of these runs (the first is the run; more are shown beside it) to `out`."""
+    start = time.monotonic()
+    readers = [RunReader(Path(d), secrets) for d in run_dirs]
+    for reader in readers:
+        if not reader.exists():
+            raise FatalError(
+                f"no run in {reader.path}: it does not exist or holds no batch file, discards, failures or "
+                "checkpoint (check --run_name and --output_dir)"
+            )
+    names = _names(readers)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with tempfile.TemporaryFile(dir=out.parent) as chunks, open(tmp, "wb") as f:
+            index, runs = Index(), []
+            numbers = itertools.count()
+            checkpoints = [r.checkpoint() for r in readers]
+            for number, reader in enumerate(readers):
+                figures = Figures()
+                first = len(index)
+                for line in reader.lines():
+                    figures.add(line, len(index))
+                    for text in index.add(number, line):
+                        chunks.write(page.chunk_element(next(numbers), text))
+                checkpoint = checkpoints[number]
+                runs.append(
+                    {
+                        "name": names[number],
+                        "path": str(reader.path),
+                        "items": [first, len(index)],
+                        "checkpoint": {k: checkpoint.get(k) for k in CHECKPOINT_FIELDS},
+                        "statistics_json": bool(reader.statistics()),
+                        **figures.to_dict(names[number], checkpoint, reader.skipped),
+                    }
+                )
+            if index.has_pending():
+                chunks.write(page.chunk_element(next(numbers), index.flush()))
+            table = prompts.unify(index)
+            data = {
+                "title": _title(names),
+                "generated_at": datetime.now(UTC).replace(tzinfo=None).isoformat(timespec="seconds"),
+                "runs": runs,
+                "items": len(index),
+                "chunk_starts": index.chunk_starts,
+                "text_cap": TEXT_CAP,
+                "kinds": list(KIND_CODES),
+                "statuses": list(STATUS_CODES),
+            }
+            shape = None
+            if len(readers) > 1:
+                shape = prompts.side_by_side(index, len(readers), len(table["text"]))
+                data["compare"] = prompts.dataset_note(names, checkpoints, shape)
+            columns = {c: index.columns[c] for c in COLUMNS}
+            blob = {"strings": index.strings.to_list(), "columns": columns, "prompts": table, "side_by_side": shape}
+            page.write_page(f, data["title"], data, blob, chunks)
+        os.replace(tmp, out)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise FatalError(f"cannot write the report {out}: {e.strerror or e}; the run's files are unchanged") from None
+    skipped = sum(s.total() for r in readers for s in r.skipped.values())
+    return Written(out, len(index), out.stat().st_size, time.monotonic() - start, skipped)
+
+
+def _names(readers: list[RunReader]) -> list[str]:
+    """Each run's name; two directories of one name are told apart by their parent's."""
+    names = [r.name for r in readers]
+    return [f"{r.path.parent.name}/{r.name}" if names.count(r.name) > 1 else r.name for r in readers]
+
+
+def _title(names: list[str]) -> str:
+    return f"Run {names[0]}" if len(names) == 1 else "Runs " + ", ".join(names) + " side by side"
