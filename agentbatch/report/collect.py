@@ -49,6 +49,7 @@ class Line:
     record: dict
     file: str
     line: int
+    size: int  # bytes of the line as read
 
 
 @dataclass
@@ -85,23 +86,23 @@ class RunReader:
         """The trajectories the merge keeps (batch files in numeric order), then discards, then failed attempts."""
         for n in self._files.batch_numbers():
             name = f"batch_{n}.jsonl"
-            for number, record in self._records(name, "trajectory"):
+            for number, size, record in self._records(name, "trajectory"):
                 if trajectory_problem(record) is not None:
                     self.skipped["trajectory"].malformed += 1
                 elif unknown_tools(record["conversations"]):
                     self.skipped["trajectory"].unknown_tool += 1
                 else:
-                    yield Line("trajectory", record, name, number)
-        for number, record in self._records(DISCARDED, "discarded"):
+                    yield Line("trajectory", record, name, number, size)
+        for number, size, record in self._records(DISCARDED, "discarded"):
             if trajectory_problem(record) is None:
-                yield Line("discarded", record, DISCARDED, number)
+                yield Line("discarded", record, DISCARDED, number, size)
             else:
                 self.skipped["discarded"].malformed += 1
-        for number, record in self._records(FAILED, "failed"):
+        for number, size, record in self._records(FAILED, "failed"):
             # Any object counts in the statistics (its usage was paid for); one without a prompt is still shown.
-            yield Line("failed", record, FAILED, number)
+            yield Line("failed", record, FAILED, number, size)
 
-    def _records(self, name: str, kind: str) -> Iterator[tuple[int, dict]]:
+    def _records(self, name: str, kind: str) -> Iterator[tuple[int, int, dict]]:
         skipped = self.skipped[kind]
         try:
             f = open(self.path / name, "rb", buffering=1 << 20)
@@ -117,7 +118,7 @@ class RunReader:
                 elif not isinstance(record, dict):
                     skipped.malformed += 1
                 else:
-                    yield number, record
+                    yield number, len(raw), record
 
     def _parse(self, raw: bytes):
         if self._marks and any(m in raw for m in self._marks):

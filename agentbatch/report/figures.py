@@ -62,6 +62,8 @@ def tool_error(value: str) -> str | None:
     """The error a tool result reports (a JSON object with a non-empty `error`), else None."""
     if '"error"' not in value:
         return None
+    if '"error": null' in value and value.count('"error"') == 1:  # most results: no need to parse them
+        return None
     try:
         parsed = json.loads(value)
     except ValueError:

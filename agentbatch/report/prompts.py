@@ -20,21 +20,29 @@ def unify(index: Index) -> dict:
     for (run, text), indexes in by_text.items():
         for rank, pindex in enumerate(sorted(indexes, key=lambda i: (i is None, i or 0))):
             occurrence[run, pindex, text] = rank
+    # In the order of the first run that has each prompt, by its index there (the dataset's order).
+    order = sorted(range(len(index.prompt_rows)), key=lambda i: _place(index.prompt_rows[i]))
     ids: dict[tuple[str, int], int] = {}
-    local_to_global: list[int] = []
+    local_to_global: list[int] = [0] * len(index.prompt_rows)
     texts: list[str] = []
     lengths: list[int] = []
-    for run, pindex, text in index.prompt_rows:
+    for local in order:
+        run, pindex, text = index.prompt_rows[local]
         key = (text, occurrence[run, pindex, text])
         gid = ids.get(key)
         if gid is None:
             gid = ids[key] = len(texts)
             texts.append(text[:PREVIEW])
             lengths.append(len(text))
-        local_to_global.append(gid)
+        local_to_global[local] = gid
     column = index.columns["prompt"]
     index.columns["prompt"] = [local_to_global[p] for p in column]
     return {"text": texts, "length": lengths}
+
+
+def _place(row: tuple[int, int | None, str]) -> tuple:
+    run, pindex, text = row
+    return (run, pindex is None, pindex or 0, text)
 
 
 def side_by_side(index: Index, runs: int, prompts: int) -> dict:
