@@ -50,7 +50,7 @@ with sync_playwright() as p:
     last = page.evaluate("() => document.querySelector('h1').textContent")
     t1 = time.monotonic()
     page.evaluate("n => { location.hash = '#trajectories/' + n; }", int(sys.argv[2]) - 1)
-    page.wait_for_selector(".trajectory .turn", timeout=600_000)
+    page.wait_for_selector("article.trajectory", timeout=600_000)
     opened = time.monotonic() - t1
     t2 = time.monotonic()
     page.fill("input[name=q]", "zzzz-not-there")
@@ -96,9 +96,13 @@ def synthesize_report_corpus(n: int = 100_000, per_batch: int = 1000) -> Path:
                         "cost": 0.0}, "stop_reason": "error", "model": "bench-model",
                         "toolsets_used": ["terminal", "file"]}) + "\n")  # fmt: skip
                     continue
-                listing = "\n".join(f"-rw-r--r-- 1 user user {rng.randint(1, 99999):>5} {words(1)}.py" for _ in range(30))
+                listing = "\n".join(
+                    f"-rw-r--r-- 1 user user {rng.randint(1, 99999):>5} {words(1)}.py" for _ in range(30)
+                )
                 broken = rng.random() < 0.1
-                source = "".join(f"def {words(1)}(x):\n    return x * {rng.randint(1, 999)}  # {words(5)}\n" for _ in range(40))
+                source = "".join(
+                    f"def {words(1)}(x):\n    return x * {rng.randint(1, 999)}  # {words(5)}\n" for _ in range(40)
+                )
                 result = {"error": f"FileNotFoundError: {words(3)}"} if broken else {"content": source, "error": None}
                 messages = [
                     {"role": "user", "content": prompt},
@@ -161,8 +165,12 @@ def bench_report(results: dict, n: int = 100_000) -> None:
         raise RuntimeError(done.stderr)
     page = run_dir / "report.html"
     size = page.stat().st_size
-    items = json.loads(page.read_text(encoding="utf-8", errors="replace").split('id="report-data">', 1)[1].split("</script>", 1)[0])["items"]
-    probe = subprocess.run([sys.executable, "-c", PAINT_PROBE, page.as_uri(), str(items)], capture_output=True, text=True)
+    items = json.loads(
+        page.read_text(encoding="utf-8", errors="replace").split('id="report-data">', 1)[1].split("</script>", 1)[0]
+    )["items"]
+    probe = subprocess.run(
+        [sys.executable, "-c", PAINT_PROBE, page.as_uri(), str(items)], capture_output=True, text=True
+    )
     if probe.returncode != 0:
         raise RuntimeError(probe.stderr)
     t = json.loads(probe.stdout.strip().splitlines()[-1])

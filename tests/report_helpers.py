@@ -4,7 +4,10 @@ prompt, a prompt that always fails, one discarded for want of reasoning, and hos
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -17,8 +20,8 @@ MEGABYTE = "0123456789abcdef" * 65536  # 1 MiB of output in one reply
 # Text that would run if the page ever took a run's text for markup or a link.
 HOSTILE_PROMPT = '<b>bold</b><img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
 HOSTILE_ANSWER = (
-    "<a href=\"javascript:window.__pwned=3\">click</a> [link](javascript:window.__pwned=4) "
-    "</script><script>window.__pwned=5</script><svg onload=\"window.__pwned=6\"></svg> <!-- end\n"
+    '<a href="javascript:window.__pwned=3">click</a> [link](javascript:window.__pwned=4) '
+    '</script><script>window.__pwned=5</script><svg onload="window.__pwned=6"></svg> <!-- end\n'
 )
 
 HOSTILE_TOOL_TEXT = '<i>tool</i></script><script>window.__pwned=7</script><iframe src="javascript:window.__pwned=8">'
@@ -119,3 +122,30 @@ def lines_of(run_dir: Path) -> list[tuple[str, dict]]:
 
 def statistics(run_dir: Path) -> dict:
     return json.loads((run_dir / "statistics.json").read_text(encoding="utf-8"))
+
+
+def _between(text: str, start: str, end: str = "</script>") -> str:
+    return text.split(start, 1)[1].split(end, 1)[0]
+
+
+def _gunzip(b64: str):
+    return json.loads(gzip.decompress(base64.b64decode(b64)))
+
+
+class Report:
+    """A written report.html read back: its figures (`data`), its index, and every line's content (`items`)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.text = path.read_text(encoding="utf-8")
+        self.data = json.loads(_between(self.text, '<script type="application/json" id="report-data">'))
+        self.index = _gunzip(_between(self.text, 'id="report-index">'))
+        chunks = re.findall(r'<script type="application/x-gzip-base64" id="c(\d+)">([^<]*)</script>', self.text)
+        assert [int(n) for n, _ in chunks] == list(range(len(self.data["chunk_starts"])))
+        self.items = [item for _, b64 in chunks for item in _gunzip(b64)]
+
+    def run(self, i: int = 0) -> dict:
+        return self.data["runs"][i]
+
+    def column(self, name: str) -> list:
+        return self.index["columns"][name]

@@ -13,9 +13,6 @@ from agentbatch.report.collect import resolve
 from agentbatch.secrets_guard import looks_secret
 
 
-
-
-
 def report_only(f: dict[str, Any]) -> int:
     """`--run_name=NAME --report` (or `--compare=...`) without a dataset: write it as the run is now, and exit."""
     if f["run_name"] is None:
@@ -29,7 +26,9 @@ def report_only(f: dict[str, Any]) -> int:
 def after_session(f: dict[str, Any], secrets: tuple[str, ...], code: int) -> int:
     """The report asked for with a run, written once its session has ended (not after Ctrl-C or a write failure)."""
     if code not in (0, 3, 4):
-        print("report skipped: the session did not finish; write it later with --run_name and --report", file=sys.stderr)
+        print(
+            "report skipped: the session did not finish; write it later with --run_name and --report", file=sys.stderr
+        )
         return code
     write(f, secrets)
     return code

@@ -54,7 +54,7 @@ def write_page(out: BinaryIO, title: str, data: dict, index: dict, chunks: Binar
         "base-uri 'none'; form-action 'none'"
     )
     head = (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{policy}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{html.escape(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"

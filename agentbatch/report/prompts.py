@@ -72,7 +72,9 @@ def dataset_note(names: list[str], checkpoints: list[dict], shape: dict) -> dict
     same = len({frozenset(s) for s in seen}) == 1 or (all(d[0] for d in datasets) and len(set(datasets)) == 1)
     return {
         "same_dataset": same,
-        "datasets": [{"run": n, "dataset_file": d[0], "total_prompts": d[1]} for n, d in zip(names, datasets, strict=True)],
+        "datasets": [
+            {"run": n, "dataset_file": d[0], "total_prompts": d[1]} for n, d in zip(names, datasets, strict=True)
+        ],
         "prompts_per_run": [len(s) for s in seen],
         "prompts_in_all": len(common),
         "prompts_in_any": len(set.union(*seen)) if seen else 0,

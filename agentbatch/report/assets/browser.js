@@ -130,9 +130,9 @@ function listRow(i) {
     multi ? el("span", { class: "run-name", text: cut(DATA.runs[it.run].name, 14) }) : null,
     el("span", { class: "pid", text: itemLabel(it) }),
     badge(word, cls),
-    badge(it.kind === "discarded" ? "discarded" : "", it.kind === "discarded" ? "warn" : "none"),
     el("span", { class: "stop", text: it.stop || "" }),
     el("span", { class: "num", text: fmtInt(it.tokens) }),
+    it.kind === "discarded" ? badge("discarded", "warn") : null,
     el("span", { class: "text", text: cut(promptText(it.prompt), 200) }),
   );
 }

@@ -47,24 +47,32 @@ function parsedJSON(text) {
   }
 }
 
-function argumentsBlock(args) {
-  const parsed = parsedJSON(args);
-  if (parsed === undefined) return [el("div", { class: "sub", text: "arguments (not JSON)" }), textBlock(args, "args")];
-  return [el("div", { class: "sub", text: "arguments" }), textBlock(JSON.stringify(parsed, null, 2), "args")];
-}
-
-// A tool result: a JSON object's text fields as blocks of their own, the rest as key: value.
-function resultBlock(turn) {
-  const parsed = parsedJSON(turn.value);
-  const failed = parsed && typeof parsed === "object" && !Array.isArray(parsed) && parsed.error;
-  const label = el("div", { class: "sub" }, "result", failed ? badge("failed", "bad") : badge("ok", "good"));
-  if (!parsed || typeof parsed !== "object" || Array.isArray(parsed)) return el("div", { class: "result" }, label, textBlock(turn.value, "output"));
-  const fields = Object.entries(parsed).map(([k, v]) =>
+// A JSON object's fields: text as it reads (a long or multi-line one as a block of its own), the rest as JSON.
+function fieldsBlock(obj) {
+  return Object.entries(obj).map(([k, v]) =>
     typeof v === "string" && (v.includes("\n") || v.length > 120)
       ? el("div", { class: "field" }, el("span", { class: "key", text: k }), textBlock(v, "output"))
-      : el("div", { class: "field inline" }, el("span", { class: "key", text: k + ": " }), el("code", { text: JSON.stringify(v) })),
+      : el("div", { class: "field inline" }, el("span", { class: "key", text: k + ": " }), el("code", { text: typeof v === "string" ? v : JSON.stringify(v) })),
   );
-  return el("div", { class: "result" + (failed ? " failed" : "") }, label, fields);
+}
+
+function isObject(v) {
+  return v !== null && typeof v === "object" && !Array.isArray(v);
+}
+
+function argumentsBlock(args) {
+  const parsed = parsedJSON(args);
+  if (!isObject(parsed)) return [el("div", { class: "sub", text: parsed === undefined ? "arguments (not JSON)" : "arguments" }), textBlock(args, "args")];
+  return [el("div", { class: "sub", text: "arguments" }), el("div", { class: "args" }, fieldsBlock(parsed))];
+}
+
+// A tool result: an object's fields, else its text; failed when it is an object with an error.
+function resultBlock(turn) {
+  const parsed = parsedJSON(turn.value);
+  const failed = isObject(parsed) && parsed.error;
+  const label = el("div", { class: "sub" }, "result ", failed ? badge("failed", "bad") : badge("ok", "good"));
+  if (!isObject(parsed)) return el("div", { class: "result" }, label, textBlock(turn.value, "output"));
+  return el("div", { class: "result" + (failed ? " failed" : "") }, label, fieldsBlock(parsed));
 }
 
 function turnsView(turns) {

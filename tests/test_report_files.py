@@ -1,0 +1,206 @@
+"""The report of a real run, read back in Python: its figures are statistics.json's, every line is in it with its
+content, bad input is one line, torn or wrong-shaped lines are skipped and counted, secrets stay out, and runs of
+different datasets are matched by prompt text. (What the page draws of it: test_report_browser.py.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_helpers import assert_clean_exit, run_cli, write_dataset
+from report_helpers import (
+    MEGABYTE,
+    SAMPLES,
+    SCRIPT,
+    SCRIPT_B,
+    Report,
+    lines_of,
+    make_run,
+    report_cli,
+    run_args,
+    statistics,
+    think,
+)
+from scripted_server import ScriptedServer
+
+from agentbatch.report.pack import TEXT_CAP
+from agentbatch.run_files import RunFiles
+
+SAME = ("trajectories", "completed", "partial", "max_turns_reached", "stop_reasons", "api_calls", "discarded",
+        "discard_reasons", "reasoning", "tools", "tokens", "cost", "by_model", "by_toolset", "outcomes", "prompts")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("report")
+
+
+@pytest.fixture(scope="module")
+def run(out) -> Path:
+    run_dir, _ = make_run(out)
+    done = report_cli(out, run_dir.name, "--report")
+    assert_clean_exit(done)
+    assert done.stderr.startswith(f"report: {run_dir / 'report.html'} (27 lines shown"), done.stderr
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def report(run) -> Report:
+    return Report(run / "report.html")
+
+
+def test_its_figures_are_those_of_statistics_json(run, report):
+    stats = statistics(run)
+    assert stats["outcomes"]["pass_at_k"]["2"] > stats["outcomes"]["pass_at_k"]["1"], "a prompt passing some samples"
+    mine = report.run()["statistics"]
+    assert {k: mine[k] for k in SAME} == {k: stats[k] for k in SAME}
+    assert mine["merge"] == stats["merge"]
+
+
+def test_every_line_is_in_it_in_file_order_with_its_content(run, report):
+    lines = lines_of(run)
+    assert report.data["items"] == len(lines) == len(report.items) == 27
+    kinds = report.data["kinds"]
+    assert [kinds[k] for k in report.column("kind")] == [kind for kind, _ in lines]
+    assert report.column("pindex") == [r["prompt_index"] for _, r in lines]
+    assert report.column("sample") == [r["sample_index"] for _, r in lines]
+    assert {r["sample_index"] for _, r in lines} == set(range(SAMPLES))
+    statuses = report.data["statuses"]
+    assert [statuses[s] for s in report.column("status")] == [
+        r.get("check", {}).get("status", "none") for _, r in lines
+    ]
+    for (kind, record), item in zip(lines, report.items, strict=True):
+        if kind == "failed":
+            assert item == record
+            continue
+        assert item["check"] == record["check"] and item["usage"] == record["usage"]
+        assert "tools" not in item and item["tools_offered"] == [
+            t["function"]["name"] for t in json.loads(record["tools"])
+        ]
+        if MEGABYTE not in record["conversations"][-1]["value"]:
+            assert item["conversations"] == record["conversations"]
+            continue
+        # A megabyte answer is kept to its head and tail, and says where the whole of it is.
+        text = item["conversations"][-1]["value"]
+        assert TEXT_CAP < len(text) < TEXT_CAP + 200
+        whole = record["conversations"][-1]["value"]
+        assert text.startswith(whole[: TEXT_CAP // 2]) and text.endswith(whole[-TEXT_CAP // 2 :])
+        assert "characters not shown here: the whole text is in batch_" in text
+    assert (run / "report.html").stat().st_size < 600_000, "three megabyte answers cost the page little"
+
+
+def test_it_is_written_at_the_end_of_every_session(tmp_path):
+    data = write_dataset(tmp_path / "ds.jsonl", [{"prompt": "r-pass: what is 6*7?", "answer": "42"}])
+    args = run_args(data, tmp_path, "each", "--report")
+    with ScriptedServer(script=SCRIPT, default_script=[think("x")]) as srv:
+        first = run_cli(args, tmp_path, srv)
+        assert_clean_exit(first)
+        assert Report(tmp_path / "each" / "report.html").data["items"] == SAMPLES
+        again = run_cli([*args, "--samples_per_prompt=4", "--resume"], tmp_path, srv)
+    assert_clean_exit(again)
+    assert "report: " in again.stderr
+    assert Report(tmp_path / "each" / "report.html").data["items"] == 4
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--run_name=nowhere", "--report"], "error: no run in {out}/nowhere: it does not exist or holds no"),
+        (["--run_name=empty", "--report"], "error: no run in {out}/empty: it does not exist or holds no"),
+        (["--report"], "error: --report needs --run_name: the run to report on"),
+        (["--run_name=model_a", "--compare=nowhere"], "error: no run in {out}/nowhere:"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(run, out, flags, says):
+    (out / "empty").mkdir(exist_ok=True)
+    done = run_cli([f"--output_dir={out}", *flags], out)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(says.format(out=out)), done.stderr
+    assert not (run / "compare.html").exists()
+
+
+def test_torn_and_wrong_shaped_lines_are_skipped_and_counted_as_the_merge_does(run, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(run, damaged)
+    first = sorted(damaged.glob("batch_*.jsonl"))[0]
+    a_line = json.loads(first.read_text().splitlines()[0])
+    with open(first, "a") as f:
+        f.write('[1]\n{"a": 1}\n{"conversations": "x"}\n')
+        f.write(json.dumps(dict(a_line, conversations=[*a_line["conversations"], {"from": "gpt", "value": "",
+                "tool_calls": [{"id": "c", "name": "no_such_tool", "arguments": "{}"}]}])) + "\n")  # fmt: skip
+        f.write('{"prompt_index": 1, "conversations": [{"from": "hu')  # a kill mid-write
+    with open(damaged / "discarded.jsonl", "a") as f:
+        f.write('"just a string"\n{"torn')
+    with open(damaged / "failed.jsonl", "a") as f:
+        f.write('{"prompt": "x", "err')
+    done = report_cli(tmp_path, "damaged", "--report")
+    assert_clean_exit(done)
+    assert "8 lines skipped" in done.stderr
+    report = Report(damaged / "report.html")
+    merged = RunFiles(str(damaged)).merge()
+    skipped = report.run()["skipped"]
+    assert skipped["trajectory"] == {"not_json": merged.not_json, "malformed": merged.malformed, "unknown_tool": 1}
+    assert (merged.not_json, merged.malformed, merged.unknown_tool) == (1, 3, 1)
+    assert skipped["discarded"] == {"not_json": 1, "malformed": 1, "unknown_tool": 0}
+    assert skipped["failed"] == {"not_json": 1, "malformed": 0, "unknown_tool": 0}
+    assert report.data["items"] == len(lines_of(run))
+    assert report.run()["statistics"]["merge"]["filtered_malformed"] == 3
+
+
+def test_credentials_of_the_environment_never_reach_the_report(run, tmp_path):
+    secret = "sk-live-0123456789abcdefXYZ"
+    copy = tmp_path / "leaky"
+    shutil.copytree(run, copy)
+    batch = sorted(copy.glob("batch_*.jsonl"))[0]
+    text = batch.read_text().replace("The answer is 42.", f"The answer is 42. key={secret}")
+    assert secret in text
+    batch.write_text(text)
+    done = run_cli(
+        [f"--run_name={copy.name}", f"--output_dir={tmp_path}", "--report"], tmp_path, env={"OPENAI_API_KEY": secret}
+    )
+    assert_clean_exit(done)
+    report = Report(copy / "report.html")
+    everything = report.text + json.dumps(report.items) + json.dumps(report.index)
+    assert secret not in everything and secret[:12] not in everything
+    assert "key=[REDACTED]" in json.dumps(report.items)
+
+
+def test_runs_of_one_dataset_side_by_side(run, out):
+    make_run(out, "model_b", SCRIPT_B)
+    done = report_cli(out, run.name, "--compare=model_b")
+    assert_clean_exit(done)
+    report = Report(run / "compare.html")
+    assert [r["name"] for r in report.data["runs"]] == ["model_a", "model_b"]
+    assert report.data["compare"]["same_dataset"] is True
+    for i, name in enumerate(["model_a", "model_b"]):
+        assert report.run(i)["statistics"]["outcomes"] == statistics(out / name)["outcomes"]
+    passed = _passed_by_prompt(report)
+    assert passed["r-pass: what is 6*7?"] == [SAMPLES, 0] and passed["r-fail: what is 6*7?"] == [0, SAMPLES]
+
+
+def test_runs_of_different_datasets_are_matched_by_prompt_text(run, out):
+    # Two rows of the first run's dataset, in another order, and one of its own.
+    rows = [
+        {"prompt": "r-fail: what is 6*7?", "answer": "42"},
+        {"prompt": "r-new"},
+        {"prompt": "r-pass: what is 6*7?", "answer": "42"},
+    ]
+    data = write_dataset(out / "other.jsonl", rows)
+    with ScriptedServer(script=SCRIPT_B, default_script=[think("x")]) as srv:
+        assert_clean_exit(run_cli(run_args(data, out, "other"), out, srv))
+    done = report_cli(out, run.name, "--compare=other")
+    assert_clean_exit(done)
+    report = Report(run / "compare.html")
+    note = report.data["compare"]
+    assert note["same_dataset"] is False
+    assert (note["prompts_per_run"], note["prompts_in_all"], note["prompts_in_any"]) == ([9, 3], 2, 10)
+    passed = _passed_by_prompt(report)
+    assert passed["r-pass: what is 6*7?"] == [SAMPLES, 0] and passed["r-fail: what is 6*7?"] == [0, SAMPLES]
+    assert passed["r-new"] == [0, 0]
+
+
+def _passed_by_prompt(report: Report) -> dict[str, list[int]]:
+    passed = report.index["side_by_side"]["passed"]
+    return {text: [runs[p] for runs in passed] for p, text in enumerate(report.index["prompts"]["text"])}
