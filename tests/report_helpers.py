@@ -8,6 +8,7 @@ import base64
 import gzip
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -118,6 +119,18 @@ def lines_of(run_dir: Path) -> list[tuple[str, dict]]:
     out += [("discarded", r) for r in read_jsonl(run_dir / "discarded.jsonl")]
     out += [("failed", r) for r in read_jsonl(run_dir / "failed.jsonl")]
     return out
+
+
+def categorised_copy(run: Path, dest: Path) -> Path:
+    """The run with a task category in every line's metadata, as a Harbor task's lines carry theirs."""
+    shutil.copytree(run, dest)
+    for path in [*dest.glob("batch_*.jsonl"), dest / "discarded.jsonl"]:
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records:
+            kind = "arithmetic" if "6*7" in r["conversations"][0]["value"] else "files"
+            r["metadata"]["task"] = {"name": "t", "category": kind, "difficulty": "easy"}
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return dest
 
 
 def statistics(run_dir: Path) -> dict:

@@ -17,6 +17,7 @@ from report_helpers import (
     MEGABYTE,
     SCRIPT_B,
     Report,
+    categorised_copy,
     lines_of,
     make_run,
     report_cli,
@@ -300,3 +301,28 @@ def test_a_large_run_opens_with_a_short_list_in_the_page_and_its_last_line_opens
     assert page.errors == []
     page.close()
     shutil.rmtree(big)
+
+
+def test_task_categories_chart_their_pass_at_k_and_filter_the_list(browser, runs, tmp_path):
+    copy = categorised_copy(runs / "model_a", tmp_path / "categorised")
+    assert_clean_exit(report_cli(tmp_path, copy.name, "--report"))
+    by = Report(copy / "report.html").run()["by_category"]["category"]
+    page = Page(browser, copy / "report.html", "outcomes")
+    p = page.page
+    series = p.eval_on_selector_all(
+        ".pass-at-k-category .series:not(.legend)",
+        "gs => gs.map(g => [g.dataset.series, [...g.querySelectorAll('circle')].map(c => [c.dataset.x, Number(c.dataset.y)])])",
+    )
+    assert {name: dict(points) for name, points in series} == {
+        "category: arithmetic": by["arithmetic"]["pass_at_k"],
+        "category: files": by["files"]["pass_at_k"],
+        "difficulty: easy": Report(copy / "report.html").run()["by_category"]["difficulty"]["easy"]["pass_at_k"],
+    }
+    page.go("trajectories")
+    p.select_option("select[name=category]", "category: arithmetic")
+    expected = ids_where(copy, lambda k, r: k != "failed" and "6*7" in r["conversations"][0]["value"])
+    p.wait_for_selector(f".count[data-shown='{len(expected)}']", timeout=WAIT)
+    assert page.shown_ids() == expected
+    page.shot("report-categories")
+    assert page.errors == []
+    page.close()

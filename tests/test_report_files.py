@@ -16,6 +16,7 @@ from report_helpers import (
     SCRIPT,
     SCRIPT_B,
     Report,
+    categorised_copy,
     lines_of,
     make_run,
     report_cli,
@@ -24,6 +25,7 @@ from report_helpers import (
     think,
 )
 from scripted_server import ScriptedServer
+from verify_helpers import expected_pass_at_k
 
 from agentbatch.report.pack import TEXT_CAP
 from agentbatch.run_files import RunFiles
@@ -204,3 +206,25 @@ def test_runs_of_different_datasets_are_matched_by_prompt_text(run, out):
 def _passed_by_prompt(report: Report) -> dict[str, list[int]]:
     passed = report.index["side_by_side"]["passed"]
     return {text: [runs[p] for runs in passed] for p, text in enumerate(report.index["prompts"]["text"])}
+
+
+def test_outcomes_by_task_category(run, tmp_path):
+    copy = categorised_copy(run, tmp_path / "categorised")
+    assert_clean_exit(report_cli(tmp_path, copy.name, "--report"))
+    report = Report(copy / "report.html")
+    by = report.run()["by_category"]
+    assert set(by) == {"category", "difficulty"} and set(by["category"]) == {"arithmetic", "files"}
+    for kind, figures in by["category"].items():
+        samples = [r for k, r in lines_of(copy) if k != "failed" and r["metadata"]["task"]["category"] == kind]
+        checked = [r for r in samples if r["check"]["status"] in ("passed", "failed")]
+        per_prompt = {}
+        for r in checked:
+            n, c = per_prompt.get(r["prompt_index"], (0, 0))
+            per_prompt[r["prompt_index"]] = (n + 1, c + r["passed"])
+        assert figures["checked"] == len(checked) and figures["passed"] == sum(r["passed"] for r in checked)
+        for k in ("1", "2", "3"):
+            assert figures["pass_at_k"][k] == round(expected_pass_at_k(list(per_prompt.values()), int(k)), 4)
+    assert by["difficulty"]["easy"]["pass_at_k"] == statistics(run)["outcomes"]["pass_at_k"]
+    assert sum(report.run()["rewards"]["by_category"]["category: files"]) == by["category"]["files"]["checked"]
+    labels = {report.index["strings"][c] for c in report.column("category") if c >= 0}
+    assert labels == {"category: arithmetic · difficulty: easy", "category: files · difficulty: easy"}

@@ -56,7 +56,7 @@ function outcomesView(run) {
       "pass@k",
       note(`The chance that k samples of a prompt hold at least one pass (the unbiased estimator of Chen et al., 2021), averaged over the prompts with at least k checked samples (${plural(o.prompts_checked, "prompt")}).`),
       lineChart(byToolset.map(([name, f]) => passAtSeries(name, f)), { xLabel: "k (samples)", xName: "k", label: "pass@k", class: "pass-at-k" }),
-      byCategory.length ? lineChart(byCategory.map(([name, f]) => passAtSeries(name, f)), { xLabel: "k (samples), by task category", xName: "k", label: "pass@k by category" }) : null,
+      byCategory.length ? lineChart(byCategory.map(([name, f]) => passAtSeries(name, f)), { xLabel: "k (samples), by task category", xName: "k", label: "pass@k by category", class: "pass-at-k-category" }) : null,
       outcomesTable(groups),
     ),
   ];
