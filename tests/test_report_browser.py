@@ -122,6 +122,15 @@ def test_every_view_loads_without_an_error_and_is_screenshotted(browser, runs):
         assert page.errors == [], (path.name, page.errors)
         page.close()
     assert len(list(ARTIFACTS.glob("*.png"))) >= 11
+    # The README's picture (docs/report.png is a copy): a trajectory open beside the list, its reasoning unfolded.
+    page = Page(browser, runs / "model_a" / "report.html", f"trajectories/{with_calls}")
+    page.page.set_viewport_size({"width": 1100, "height": 640})
+    page.page.wait_for_selector("article.trajectory .call", timeout=WAIT)
+    page.page.click("details.reasoning summary")
+    page.page.eval_on_selector(".detail", "d => { d.scrollTop = d.querySelector('.turn.gpt').offsetTop - 200; }")
+    page.page.screenshot(path=str(ARTIFACTS / "readme.png"))
+    assert page.errors == []
+    page.close()
 
 
 def test_the_charts_carry_the_runs_numbers(report, runs):

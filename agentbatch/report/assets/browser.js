@@ -129,7 +129,7 @@ function listRow(i) {
     { class: "row" + (it.id === selected ? " selected" : ""), data: { id: it.id }, onclick: () => openItem(it.id) },
     multi ? el("span", { class: "run-name", text: cut(DATA.runs[it.run].name, 14) }) : null,
     el("span", { class: "pid", text: itemLabel(it) }),
-    badge(word, cls),
+    badge(word, cls + " outcome"),
     el("span", { class: "stop", text: it.stop || "" }),
     el("span", { class: "num", text: fmtInt(it.tokens) }),
     it.kind === "discarded" ? badge("discarded", "warn") : null,
