@@ -43,6 +43,7 @@ with sync_playwright() as p:
     loaded_wall = time.monotonic() - t0
     timing = page.evaluate('''() => ({
         fcp: (performance.getEntriesByName("first-contentful-paint")[0] || {}).startTime,
+        index: (performance.getEntriesByName("report-index")[0] || {}).startTime,
         ready: (performance.getEntriesByName("report-ready")[0] || {}).startTime,
         parsed: performance.getEntriesByType("navigation")[0].domContentLoadedEventEnd,
         heap: performance.memory ? performance.memory.usedJSHeapSize : null,

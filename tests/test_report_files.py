@@ -5,6 +5,7 @@ different datasets are matched by prompt text. (What the page draws of it: test_
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -112,15 +113,16 @@ def test_it_is_written_at_the_end_of_every_session(tmp_path):
         (["--run_name=nowhere", "--report"], "error: no run in {out}/nowhere: it does not exist or holds no"),
         (["--run_name=empty", "--report"], "error: no run in {out}/empty: it does not exist or holds no"),
         (["--report"], "error: --report needs --run_name: the run to report on"),
-        (["--run_name=model_a", "--compare=nowhere"], "error: no run in {out}/nowhere:"),
+        (["--run_name=model_a", "--report", "--compare=nowhere"], "error: no run in {out}/nowhere:"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(run, out, flags, says):
     (out / "empty").mkdir(exist_ok=True)
+    before = (run / "report.html").stat().st_mtime_ns
     done = run_cli([f"--output_dir={out}", *flags], out)
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(says.format(out=out)), done.stderr
-    assert not (run / "compare.html").exists()
+    assert not (run / "compare.html").exists() and (run / "report.html").stat().st_mtime_ns == before
 
 
 def test_torn_and_wrong_shaped_lines_are_skipped_and_counted_as_the_merge_does(run, tmp_path):
@@ -132,7 +134,12 @@ def test_torn_and_wrong_shaped_lines_are_skipped_and_counted_as_the_merge_does(r
         f.write('[1]\n{"a": 1}\n{"conversations": "x"}\n')
         f.write(json.dumps(dict(a_line, conversations=[*a_line["conversations"], {"from": "gpt", "value": "",
                 "tool_calls": [{"id": "c", "name": "no_such_tool", "arguments": "{}"}]}])) + "\n")  # fmt: skip
+        nan = re.sub(r'"reward": [0-9.]+', '"reward": NaN', json.dumps(a_line))  # as json.dumps writes a NaN
+        assert "NaN" in nan
+        f.write(nan + "\n")
         f.write('{"prompt_index": 1, "conversations": [{"from": "hu')  # a kill mid-write
+    checkpoint = json.loads((damaged / "checkpoint.json").read_text())
+    (damaged / "checkpoint.json").write_text(json.dumps(dict(checkpoint, duration_seconds="soon", total_prompts=[])))
     with open(damaged / "discarded.jsonl", "a") as f:
         f.write('"just a string"\n{"torn')
     with open(damaged / "failed.jsonl", "a") as f:
@@ -147,8 +154,13 @@ def test_torn_and_wrong_shaped_lines_are_skipped_and_counted_as_the_merge_does(r
     assert (merged.not_json, merged.malformed, merged.unknown_tool) == (1, 3, 1)
     assert skipped["discarded"] == {"not_json": 1, "malformed": 1, "unknown_tool": 0}
     assert skipped["failed"] == {"not_json": 1, "malformed": 0, "unknown_tool": 0}
-    assert report.data["items"] == len(lines_of(run))
+    assert report.data["items"] == len(lines_of(run)) + 1
     assert report.run()["statistics"]["merge"]["filtered_malformed"] == 3
+    assert (
+        report.run()["checkpoint"]["duration_seconds"] is None
+        and report.run()["statistics"]["prompts"]["total"] is None
+    )
+    assert "NaN" not in report.text
 
 
 def test_credentials_of_the_environment_never_reach_the_report(run, tmp_path):

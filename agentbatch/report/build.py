@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import tempfile
 import time
@@ -18,10 +19,9 @@ from agentbatch.report.collect import RunReader
 from agentbatch.report.figures import Figures
 from agentbatch.report.pack import COLUMNS, KIND_CODES, STATUS_CODES, TEXT_CAP, Index
 
-CHECKPOINT_FIELDS = (
-    "state", "model", "distribution", "dataset_file", "total_prompts", "batch_size", "sessions",
-    "duration_seconds", "updated_at",
-)  # fmt: skip
+# What the report shows of checkpoint.json: its texts, and its numbers (anything else, as a hand edit leaves, is null).
+CHECKPOINT_TEXTS = ("state", "model", "distribution", "dataset_file", "updated_at")
+CHECKPOINT_NUMBERS = ("total_prompts", "batch_size", "sessions", "duration_seconds")
 
 
 @dataclass
@@ -39,12 +39,7 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
     """Write the report of these runs (the first is the run; more are shown beside it) to `out`."""
     start = time.monotonic()
     readers = [RunReader(Path(d), secrets) for d in run_dirs]
-    for reader in readers:
-        if not reader.exists():
-            raise FatalError(
-                f"no run in {reader.path}: it does not exist or holds no batch file, discards, failures or "
-                "checkpoint (check --run_name and --output_dir)"
-            )
+    require_runs(run_dirs)
     names = _names(readers)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -52,7 +47,7 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
         with tempfile.TemporaryFile(dir=out.parent) as chunks, open(tmp, "wb") as f:
             index, runs = Index(), []
             numbers = itertools.count()
-            checkpoints = [r.checkpoint() for r in readers]
+            checkpoints = [_checkpoint(r.checkpoint()) for r in readers]
             for number, reader in enumerate(readers):
                 figures = Figures()
                 first = len(index)
@@ -66,7 +61,7 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
                         "name": names[number],
                         "path": str(reader.path),
                         "items": [first, len(index)],
-                        "checkpoint": {k: checkpoint.get(k) for k in CHECKPOINT_FIELDS},
+                        "checkpoint": checkpoint,
                         "statistics_json": bool(reader.statistics()),
                         **figures.to_dict(names[number], checkpoint, reader.skipped),
                     }
@@ -98,6 +93,25 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
         raise FatalError(f"cannot write the report {out}: {e.strerror or e}; the run's files are unchanged") from None
     skipped = sum(s.total() for r in readers for s in r.skipped.values())
     return Written(out, len(index), out.stat().st_size, time.monotonic() - start, skipped)
+
+
+def require_runs(run_dirs: list[Path]) -> None:
+    """Raise the one-line error of the first directory that holds no run."""
+    for path in run_dirs:
+        if not RunReader(Path(path)).exists():
+            raise FatalError(
+                f"no run in {path}: it does not exist or holds no batch file, discards, failures or "
+                "checkpoint (check --run_name and --output_dir)"
+            )
+
+
+def _checkpoint(doc: dict) -> dict:
+    texts = {k: doc[k] if isinstance(doc.get(k), str) else None for k in CHECKPOINT_TEXTS}
+    numbers = {k: doc.get(k) for k in CHECKPOINT_NUMBERS}
+    for k, v in numbers.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            numbers[k] = None
+    return texts | numbers
 
 
 def _names(readers: list[RunReader]) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from agentbatch.errors import FatalError
 from agentbatch.report import COMPARE_FILE, REPORT_FILE
-from agentbatch.report.build import Written, write_report
+from agentbatch.report.build import Written, require_runs, write_report
 from agentbatch.report.collect import resolve
 from agentbatch.secrets_guard import looks_secret
 
@@ -36,11 +36,12 @@ def after_session(f: dict[str, Any], secrets: tuple[str, ...], code: int) -> int
 
 def write(f: dict[str, Any], secrets: tuple[str, ...]) -> list[Written]:
     run = resolve(f["output_dir"], f["run_name"])
+    others = [resolve(f["output_dir"], name) for name in f["compare"]]
+    require_runs([run, *others])  # before anything is written
     done = []
     if f["report"]:
         done.append(write_report([run], run / REPORT_FILE, secrets))
-    if f["compare"]:
-        others = [resolve(f["output_dir"], name) for name in f["compare"]]
+    if others:
         done.append(write_report([run, *others], run / COMPARE_FILE, secrets))
     for w in done:
         print(_summary(w), file=sys.stderr)

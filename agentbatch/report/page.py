@@ -24,16 +24,27 @@ def asset(name: str) -> str:
 
 def script_text() -> str:
     body = "\n".join(f"// ---- {name}\n{asset(name)}" for name in SCRIPTS)
+    if "</script" in body.lower() or "<!--" in body:
+        raise ValueError("the report's script must not hold </script or <!--: it would end its element early")
     return f'(function () {{\n"use strict";\n{body}\n}})();\n'
+
+
+def _json(value) -> str:
+    """JSON text; a NaN or infinity (which a hand-edited line can hold and JSON cannot) is written as null."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        text = json.dumps(value, ensure_ascii=False)
+        return json.dumps(json.loads(text, parse_constant=lambda _: None), ensure_ascii=False, allow_nan=False)
 
 
 def json_for_script(value) -> str:
     """JSON that cannot end its <script> element: every "<" is written as its escape."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+    return _json(value).replace("<", "\\u003c")
 
 
 def gzip_base64(value) -> str:
-    raw = json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8", "replace")
+    raw = _json(value).encode("utf-8", "replace")
     return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
 
 

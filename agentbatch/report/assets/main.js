@@ -71,6 +71,7 @@ function route(force) {
 
 async function start() {
   IX = await gunzipJSON(document.getElementById("report-index").textContent);
+  performance.mark("report-index");
   content = el("main", { id: "content" });
   app.replaceChildren(header(), content);
   window.addEventListener("hashchange", () => route(false));
