@@ -152,7 +152,7 @@ class Report:
         self.path = path
         self.text = path.read_text(encoding="utf-8")
         self.data = json.loads(_between(self.text, '<script type="application/json" id="report-data">'))
-        self.index = _gunzip(_between(self.text, 'id="report-index">'))
+        self.index = json.loads(_between(self.text, '<script type="application/json" id="report-index">'))
         chunks = re.findall(r'<script type="application/x-gzip-base64" id="c(\d+)">([^<]*)</script>', self.text)
         assert [int(n) for n, _ in chunks] == list(range(len(self.data["chunk_starts"])))
         self.items = [item for _, b64 in chunks for item in _gunzip(b64)]

@@ -202,7 +202,7 @@ def test_filters_narrow_the_list_to_the_right_lines(report, runs):
     p.select_option("select[name=stop]", "answered")
     narrowed(ids_where(run_dir, lambda k, r: r.get("stop_reason") == "answered"))
     p.select_option("select[name=stop]", "")
-    p.fill("input[name=q]", "R-MIXED")  # prompts, answers and errors, in any case
+    p.fill("input[name=q]", "R-MIXED")  # prompts and errors, in any case
     narrowed(ids_where(run_dir, lambda k, r: "r-mixed" in json.dumps(r.get("conversations", [])[:1])))
     p.fill("input[name=q]", "bytes_written")  # only in tool results: found once the turns are searched too
     narrowed(set())

@@ -18,7 +18,6 @@ from agentbatch.model.usage import cost_of
 from agentbatch.report.collect import Line
 from agentbatch.report.figures import categories, one_line, seconds_of, tokens_of
 from agentbatch.surrogates import scrub_json
-from trajectory import split_think_block
 
 try:  # several times faster than json on the payloads, most of the report's writing time
     from orjson import dumps as _fast_dumps
@@ -27,7 +26,7 @@ except ImportError:
 
 TEXT_CAP = 100_000  # characters of one text kept in a chunk (head and tail)
 PREVIEW = 300  # characters of a prompt in the index (the list and the search read these)
-ANSWER = 160  # characters of the last answer, an error or a discard reason in the index
+REASON = 160  # characters of an error or a discard reason in the index
 CHUNK_BYTES = 256 * 1024  # uncompressed JSON per chunk: decoded in a few milliseconds when a trajectory opens
 CHUNK_ITEMS = 200
 KIND_CODES = {"trajectory": 0, "discarded": 1, "failed": 2}
@@ -60,7 +59,7 @@ class Strings:
 
 COLUMNS = (
     "run", "kind", "prompt", "pindex", "sample", "status", "reward", "stop", "toolsets", "failed_tools", "tokens", "cost",
-    "seconds", "calls", "turns", "category", "reason", "answer", "file", "line",
+    "seconds", "calls", "turns", "category", "reason", "file", "line",
 )  # fmt: skip
 
 
@@ -116,8 +115,7 @@ class Index:
         col["turns"].append(0 if failed else sum(1 for t in r["conversations"] if t["from"] == "gpt"))
         col["category"].append(s(" · ".join(f"{n}: {v}" for n, v in cats)) if cats else -1)
         reason = r.get("error") if failed else r.get("discard_reason")
-        col["reason"].append(one_line(reason, ANSWER) if reason else None)
-        col["answer"].append(None if failed else _answer(r["conversations"]))
+        col["reason"].append(one_line(reason, REASON) if reason else None)
         col["file"].append(s(line.file))
         col["line"].append(line.line)
         self._pending.append(_json(self._payload(line)))
@@ -201,15 +199,6 @@ def _turn(turn: dict) -> dict:
     if isinstance(logprobs, dict) and isinstance(logprobs.get("tokens"), list):
         out["logprob_tokens"] = len(logprobs["tokens"])  # the numbers themselves stay in the file
     return out
-
-
-def _answer(turns: list[dict]) -> str | None:
-    """The start of the last assistant turn's text, reasoning left out."""
-    for turn in reversed(turns):
-        if turn["from"] == "gpt":
-            _reasoning, content = split_think_block(turn["value"])
-            return one_line(content, ANSWER) if content.strip() else None
-    return None
 
 
 def _capped(value, line: Line):

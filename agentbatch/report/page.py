@@ -1,11 +1,10 @@
-"""The report's one HTML file: styles and the page's script inlined (package data files), the figures as JSON,
-the index and the trajectories' chunks as gzip in base64, a Content-Security-Policy that lets only this page's
+"""The report's one HTML file: styles and the page's script inlined (package data files), the figures and the
+index as JSON, the trajectories' chunks as gzip in base64, a Content-Security-Policy that lets only this page's
 own script run and nothing reach the network."""
 
 from __future__ import annotations
 
 import base64
-import gzip
 import hashlib
 import html
 import json
@@ -43,11 +42,6 @@ def json_for_script(value) -> str:
     return _json(value).replace("<", "\\u003c")
 
 
-def gzip_base64(value) -> str:
-    raw = _json(value).encode("utf-8", "replace")
-    return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
-
-
 def chunk_element(number: int, text: str) -> bytes:
     return f'<script type="{CHUNK_TYPE}" id="c{number}">{text}</script>\n'.encode("ascii")
 
@@ -72,7 +66,7 @@ def write_page(out: BinaryIO, title: str, data: dict, index: dict, chunks: Binar
         '<div id="app"><p class="loading">Loading the report…</p>'
         "<noscript>This report is drawn by its own script: allow JavaScript for this file.</noscript></div>\n"
         f'<script type="application/json" id="report-data">{json_for_script(data)}</script>\n'
-        f'<script type="{CHUNK_TYPE}" id="report-index">{gzip_base64(index)}</script>\n'
+        f'<script type="application/json" id="report-index">{json_for_script(index)}</script>\n'
         f"<script>{script}</script>\n"
     )
     out.write(head.encode("utf-8"))

@@ -38,7 +38,6 @@ function searchTexts() {
     const c = IX.columns;
     lower = {
       prompts: IX.prompts.text.map((t) => t.toLowerCase()),
-      answers: c.answer.map((t) => (t ? t.toLowerCase() : "")),
       reasons: c.reason.map((t) => (t ? t.toLowerCase() : "")),
     };
   }
@@ -74,7 +73,7 @@ function matching() {
     if (tools && !tools.has(c.failed_tools[i])) continue;
     if (cats && !cats.has(c.category[i])) continue;
     if (q) {
-      const found = texts.prompts[c.prompt[i]].includes(q) || texts.answers[i].includes(q) || texts.reasons[i].includes(q);
+      const found = texts.prompts[c.prompt[i]].includes(q) || texts.reasons[i].includes(q);
       if (!found && !(useDeep && deep.hits[i])) continue;
     }
     out.push(i);
@@ -151,7 +150,7 @@ function select(name, label, options, help) {
 function filterBar() {
   const runs = DATA.runs.map((r, i) => [String(i), "run " + r.name]);
   const stops = [...new Set(IX.columns.stop)].map(str).filter(Boolean).sort();
-  const search = el("input", { type: "search", name: "q", placeholder: "search prompts, answers, errors", value: filters.q });
+  const search = el("input", { type: "search", name: "q", placeholder: "search prompts and errors", value: filters.q });
   let timer = 0;
   search.addEventListener("input", () => {
     clearTimeout(timer);
@@ -168,7 +167,7 @@ function filterBar() {
   return el(
     "div",
     { class: "filters" },
-    el("div", { class: "filter-line" }, search, el("label", { class: "check", title: "also search every turn: decodes every trajectory, slower on large runs" }, inTurns, " in turns")),
+    el("div", { class: "filter-line" }, search, el("label", { class: "check", title: "also search every turn (answers, tool calls, results, checks): decodes every trajectory, slower on large runs" }, inTurns, " in turns")),
     el(
       "div",
       { class: "filter-line" },

@@ -3,7 +3,7 @@
 const DATA = JSON.parse(document.getElementById("report-data").textContent);
 const SVG_NS = "http://www.w3.org/2000/svg";
 const FORBIDDEN = new Set(["href", "src", "srcdoc", "action", "formaction", "xlink:href", "style"]);
-let IX = null; // the index: {strings, columns, prompts, side_by_side}, decoded at start
+let IX = null; // the index: {strings, columns, prompts, side_by_side}, read at start
 
 function setProps(node, props) {
   if (!props) return;
@@ -154,7 +154,6 @@ function item(id) {
     turns: c.turns[id],
     category: str(c.category[id]),
     reason: c.reason[id],
-    answer: c.answer[id],
     file: str(c.file[id]),
     line: c.line[id],
   };
