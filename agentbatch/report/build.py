@@ -4,20 +4,22 @@ trajectories' index and chunks, then the page written beside and swapped in whol
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import tempfile
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from agentbatch.errors import FatalError
 from agentbatch.report import page, prompts
 from agentbatch.report.collect import RunReader
 from agentbatch.report.figures import Figures
-from agentbatch.report.pack import COLUMNS, KIND_CODES, STATUS_CODES, TEXT_CAP, Index
+from agentbatch.report.pack import COLUMNS, KIND_CODES, STATUS_CODES, TEXT_CAP, Index, compress_chunk
 
 # What the report shows of checkpoint.json: its texts, and its numbers (anything else, as a hand edit leaves, is null).
 CHECKPOINT_TEXTS = ("state", "model", "distribution", "dataset_file", "updated_at")
@@ -44,17 +46,16 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        with tempfile.TemporaryFile(dir=out.parent) as chunks, open(tmp, "wb") as f:
+        with tempfile.TemporaryFile(dir=out.parent) as chunks, open(tmp, "wb") as f, _Chunks(chunks) as writer:
             index, runs = Index(), []
-            numbers = itertools.count()
             checkpoints = [_checkpoint(r.checkpoint()) for r in readers]
             for number, reader in enumerate(readers):
                 figures = Figures()
                 first = len(index)
                 for line in reader.lines():
                     figures.add(line, len(index))
-                    for text in index.add(number, line):
-                        chunks.write(page.chunk_element(next(numbers), text))
+                    for body in index.add(number, line):
+                        writer.add(body)
                 checkpoint = checkpoints[number]
                 runs.append(
                     {
@@ -67,7 +68,8 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
                     }
                 )
             if index.has_pending():
-                chunks.write(page.chunk_element(next(numbers), index.flush()))
+                writer.add(index.flush())
+            writer.finish()
             table = prompts.unify(index)
             data = {
                 "title": _title(names),
@@ -93,6 +95,36 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
         raise FatalError(f"cannot write the report {out}: {e.strerror or e}; the run's files are unchanged") from None
     skipped = sum(s.total() for r in readers for s in r.skipped.values())
     return Written(out, len(index), out.stat().st_size, time.monotonic() - start, skipped)
+
+
+class _Chunks:
+    """Chunks compressed on a second thread (zlib lets go of the GIL) while lines are read, written in order."""
+
+    AHEAD = 4  # chunks compressing at once, at most: a few megabytes
+
+    def __init__(self, out: BinaryIO):
+        self.out, self.number = out, 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="report-gzip")
+        self.pending: deque = deque()
+
+    def add(self, body: bytes) -> None:
+        self.pending.append(self.pool.submit(compress_chunk, body))
+        while len(self.pending) > self.AHEAD:
+            self._write_one()
+
+    def finish(self) -> None:
+        while self.pending:
+            self._write_one()
+
+    def __enter__(self) -> _Chunks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+    def _write_one(self) -> None:
+        self.out.write(page.chunk_element(self.number, self.pending.popleft().result()))
+        self.number += 1
 
 
 def require_runs(run_dirs: list[Path]) -> None:
