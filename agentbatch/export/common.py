@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import re
@@ -223,6 +224,12 @@ def parse_json(raw: bytes):
     return value
 
 
+def parse_text(text: str):
+    """A JSON value a record holds as text (a call's arguments, a tool's result, the offered tools), read as
+    parse_json reads a line, so a lone surrogate its escapes decode to becomes "?" here too; ValueError if not JSON."""
+    return parse_json(text.encode("utf-8", "replace"))
+
+
 @dataclass
 class ExportContext:
     """What a format writer knows about the run besides its records."""
@@ -275,7 +282,7 @@ def split_arguments(arguments: Any) -> tuple[dict, str | None]:
     if isinstance(arguments, dict):
         return arguments, None
     try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+        parsed = parse_text(arguments) if isinstance(arguments, str) else None
     except ValueError:
         parsed = None
     if isinstance(parsed, dict):
@@ -288,7 +295,7 @@ def parsed_tools(record: dict) -> list[dict]:
     tools = record.get("tools")
     if isinstance(tools, str):
         try:
-            tools = json.loads(tools)
+            tools = parse_text(tools)
         except ValueError:
             return []
     return [t for t in tools or () if isinstance(t, dict)]
@@ -329,11 +336,28 @@ def write_jsonl_line(f, obj: dict) -> None:
 
 
 def write_card(path: Path, features_yaml: str, data_files: str, body: str) -> None:
-    """A README.md whose YAML header gives the schema, so `datasets.load_dataset(DIR)` loads any mix of lines."""
+    """A README.md whose YAML header gives the schema, so `datasets.load_dataset(DIR)` loads any mix of lines.
+
+    `datasets` caches a folder whose card names its data files by the folder's name and the card's header alone,
+    never looking at the files: a re-export (or another run's export in a folder of the same name) would load
+    the rows cached before. So the config's `description` carries a digest of the files written, which enters
+    that cache key: other rows are another cache entry.
+    """
     header = f"---\ndataset_info:\n  features:\n{features_yaml}" if features_yaml else "---\n"
     header += "configs:\n- config_name: default\n  data_files:\n"
-    header += f"  - split: train\n    path: {data_files}\n---\n\n"
+    header += f"  - split: train\n    path: {data_files}\n"
+    header += f'  description: "batch-runner export, files {files_fingerprint(path.parent, data_files)}"\n---\n\n'
     path.write_text(header + body, encoding="utf-8")
+
+
+def files_fingerprint(folder: Path, pattern: str) -> str:
+    """A digest of the names and contents of the files the pattern matches (sha256; a few % of an export's time)."""
+    digest = hashlib.sha256()
+    for file in sorted(folder.glob(pattern)):
+        with open(file, "rb") as f:
+            content = hashlib.file_digest(f, "sha256").hexdigest()
+        digest.update(f"{file.relative_to(folder).as_posix()}\0{content}\n".encode())
+    return "sha256:" + digest.hexdigest()
 
 
 # renameat2(RENAME_EXCHANGE): swap two directories in one step, so a reader never sees neither.

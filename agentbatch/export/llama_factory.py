@@ -15,7 +15,15 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from agentbatch.export.common import ExportContext, outcome, outcome_text, parsed_tools, write_card, write_jsonl_line
+from agentbatch.export.common import (
+    ExportContext,
+    outcome,
+    outcome_text,
+    parse_text,
+    parsed_tools,
+    write_card,
+    write_jsonl_line,
+)
 
 FILE = "data.jsonl"
 USER_SIDE = ("human", "observation")
@@ -44,7 +52,7 @@ def function_call_value(turn: dict) -> str:
     for c in turn.get("tool_calls") or ():
         arguments = c.get("arguments")
         try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+            parsed = parse_text(arguments) if isinstance(arguments, str) else arguments
         except ValueError:
             parsed = arguments  # not JSON: kept as the text the model wrote
         calls.append({"name": c.get("name"), "arguments": parsed})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,9 @@ from agentbatch.model.usage import Usage
 from agentbatch.sandboxes.base import Sandbox, SandboxError, SandboxSpec
 from agentbatch.sandboxes.starts import start_slot
 from agentbatch.tools.settings import ToolSettings
+
+# The settings every tool's waits come from: each is cut to the time the prompt has left (ToolContext.settings).
+TIMEOUT_SETTINGS = tuple(f.name for f in dataclasses.fields(ToolSettings) if f.name.endswith("_timeout"))
 
 
 class ToolContext:
@@ -28,7 +32,7 @@ class ToolContext:
         limits: SessionLimits | None = None,
         redact: Callable[[str], str] | None = None,
     ):
-        self.settings = settings
+        self._settings = settings
         # Applied to every tool result before the endpoint sees it (secrets_guard.Redactor).
         self.redact = redact or (lambda text: text)
         self.spec = spec
@@ -43,6 +47,20 @@ class ToolContext:
         self.sandbox_error: SandboxError | None = None
         self._sandbox: Sandbox | None = None
         self._cleanups: list[Callable[[], None]] = []
+
+    @property
+    def settings(self) -> ToolSettings:
+        """The tools' settings, every `*_timeout` in them cut to the time the prompt has left.
+
+        This is what keeps every tool, built-in or plug-in, within --prompt_timeout: a tool takes its waits
+        from here (or from `limits.cap` for a wait of its own), so none outlasts the prompt's deadline.
+        """
+        left = self.limits.time_left()
+        s = self._settings
+        if left is None:
+            return s
+        cut = {name: min(getattr(s, name), left) for name in TIMEOUT_SETTINGS if getattr(s, name) > left}
+        return dataclasses.replace(s, **cut) if cut else s
 
     def sandbox(self) -> Sandbox:
         """The prompt's sandbox, created on first use."""
@@ -66,7 +84,7 @@ class ToolContext:
 
     def generate_image(self, request: dict) -> Reply:
         """One images API call through the run's client for images; its usage counts into the prompt's."""
-        reply = self.image_client.generate_image(request)
+        reply = self.image_client.generate_image(request, deadline=self.limits.deadline)
         usage = reply.get("usage")
         if isinstance(usage, dict):  # the images API counts input and output tokens
             self.usage.add(
