@@ -207,7 +207,17 @@ function renderBrowser(openId) {
   list = virtualList(ROW, listRow);
   countLabel = el("p", { class: "count", "aria-live": "polite" });
   detailPane = el("div", { class: "detail" }, note("Choose a trajectory in the list to see its turns."));
-  const view = el("div", { class: "browser" }, el("div", { class: "list-side" }, filterBar(), countLabel, list.node), detailPane);
+  const head = el(
+    "div",
+    { class: "row list-head" },
+    DATA.runs.length > 1 ? el("span", { class: "run-name", text: "run" }) : null,
+    el("span", { class: "pid", text: "prompt" }),
+    el("span", { class: "badge outcome", text: "outcome" }),
+    el("span", { class: "stop", text: "stop" }),
+    el("span", { class: "num", text: "tokens" }),
+    el("span", { class: "text" }),
+  );
+  const view = el("div", { class: "browser" }, el("div", { class: "list-side" }, filterBar(), countLabel, head, list.node), detailPane);
   mount([view]);
   refreshList();
   if (openId !== undefined && openId >= 0 && openId < IX.columns.run.length) showItem(openId);
