@@ -144,9 +144,11 @@ def test_torn_and_wrong_shaped_lines_are_skipped_and_counted_as_the_merge_does(r
         f.write('"just a string"\n{"torn')
     with open(damaged / "failed.jsonl", "a") as f:
         f.write('{"prompt": "x", "err')
+    (damaged / ".report.html.tmp-99999").write_text("<html>half a report")  # a report writer killed mid-write
     done = report_cli(tmp_path, "damaged", "--report")
     assert_clean_exit(done)
     assert "8 lines skipped" in done.stderr
+    assert sorted(p.name for p in damaged.glob("*report*")) == ["report.html"]
     report = Report(damaged / "report.html")
     merged = RunFiles(str(damaged)).merge()
     skipped = report.run()["skipped"]

@@ -44,6 +44,9 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
     require_runs(run_dirs)
     names = _names(readers)
     out.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in out.parent.glob(f".{out.name}.tmp-*"):  # of a report writer that was killed
+        with contextlib.suppress(OSError):
+            leftover.unlink()
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         with tempfile.TemporaryFile(dir=out.parent) as chunks, open(tmp, "wb") as f, _Chunks(chunks) as writer:
