@@ -50,46 +50,8 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         with tempfile.TemporaryFile(dir=out.parent) as chunks, open(tmp, "wb") as f, _Chunks(chunks) as writer:
-            index, runs = Index(), []
-            checkpoints = [_checkpoint(r.checkpoint()) for r in readers]
-            for number, reader in enumerate(readers):
-                figures = Figures()
-                first = len(index)
-                for line in reader.lines():
-                    figures.add(line, len(index))
-                    for body in index.add(number, line):
-                        writer.add(body)
-                checkpoint = checkpoints[number]
-                runs.append(
-                    {
-                        "name": names[number],
-                        "path": str(reader.path),
-                        "items": [first, len(index)],
-                        "checkpoint": checkpoint,
-                        "statistics_json": bool(reader.statistics()),
-                        **figures.to_dict(names[number], checkpoint, reader.skipped),
-                    }
-                )
-            if index.has_pending():
-                writer.add(index.flush())
-            writer.finish()
-            table = prompts.unify(index)
-            data = {
-                "title": _title(names),
-                "generated_at": datetime.now(UTC).replace(tzinfo=None).isoformat(timespec="seconds"),
-                "runs": runs,
-                "items": len(index),
-                "chunk_starts": index.chunk_starts,
-                "text_cap": TEXT_CAP,
-                "kinds": list(KIND_CODES),
-                "statuses": list(STATUS_CODES),
-            }
-            shape = None
-            if len(readers) > 1:
-                shape = prompts.side_by_side(index, len(readers), len(table["text"]))
-                data["compare"] = prompts.dataset_note(names, checkpoints, shape)
-            columns = {c: index.columns[c] for c in COLUMNS}
-            blob = {"strings": index.strings.to_list(), "columns": columns, "prompts": table, "side_by_side": shape}
+            index, runs = _read(readers, names, writer)
+            data, blob = _contents(names, runs, index)
             page.write_page(f, data["title"], data, blob, chunks)
         os.replace(tmp, out)
     except OSError as e:
@@ -98,6 +60,53 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
         raise FatalError(f"cannot write the report {out}: {e.strerror or e}; the run's files are unchanged") from None
     skipped = sum(s.total() for r in readers for s in r.skipped.values())
     return Written(out, len(index), out.stat().st_size, time.monotonic() - start, skipped)
+
+
+def _read(readers: list[RunReader], names: list[str], writer: _Chunks) -> tuple[Index, list[dict]]:
+    """Every line of every run, once: into its run's figures, the index, and the chunks."""
+    index, runs = Index(), []
+    for number, reader in enumerate(readers):
+        figures = Figures()
+        first = len(index)
+        for line in reader.lines():
+            figures.add(line, len(index))
+            for body in index.add(number, line):
+                writer.add(body)
+        checkpoint = _checkpoint(reader.checkpoint())
+        runs.append(
+            {
+                "name": names[number],
+                "path": str(reader.path),
+                "items": [first, len(index)],
+                "checkpoint": checkpoint,
+                **figures.to_dict(names[number], checkpoint, reader.skipped),
+            }
+        )
+    if index.has_pending():
+        writer.add(index.flush())
+    writer.finish()
+    return index, runs
+
+
+def _contents(names: list[str], runs: list[dict], index: Index) -> tuple[dict, dict]:
+    """The page's figures (read at once) and its index (the list, filters and side by side read it)."""
+    table = prompts.unify(index)
+    data = {
+        "title": _title(names),
+        "generated_at": datetime.now(UTC).replace(tzinfo=None).isoformat(timespec="seconds"),
+        "runs": runs,
+        "items": len(index),
+        "chunk_starts": index.chunk_starts,
+        "text_cap": TEXT_CAP,
+        "kinds": list(KIND_CODES),
+        "statuses": list(STATUS_CODES),
+    }
+    shape = None
+    if len(runs) > 1:
+        shape = prompts.side_by_side(index, len(runs), len(table["text"]))
+        data["compare"] = prompts.dataset_note(names, [r["checkpoint"] for r in runs], shape)
+    columns = {c: index.columns[c] for c in COLUMNS}
+    return data, {"strings": index.strings.to_list(), "columns": columns, "prompts": table, "side_by_side": shape}
 
 
 class _Chunks:
