@@ -19,7 +19,7 @@ from agentbatch.errors import FatalError
 from agentbatch.report import page, prompts
 from agentbatch.report.collect import RunReader
 from agentbatch.report.figures import Figures
-from agentbatch.report.pack import COLUMNS, KIND_CODES, STATUS_CODES, TEXT_CAP, Index, compress_chunk
+from agentbatch.report.pack import COLUMNS, KIND_CODES, STATUS_CODES, Index, compress_chunk
 
 # What the report shows of checkpoint.json: its texts, and its numbers (anything else, as a hand edit leaves, is null).
 CHECKPOINT_TEXTS = ("state", "model", "distribution", "dataset_file", "updated_at")
@@ -70,7 +70,7 @@ def _read(readers: list[RunReader], names: list[str], writer: _Chunks) -> tuple[
         first = len(index)
         for line in reader.lines():
             figures.add(line, len(index))
-            for body in index.add(number, line):
+            if body := index.add(number, line):
                 writer.add(body)
         checkpoint = _checkpoint(reader.checkpoint())
         runs.append(
@@ -97,7 +97,6 @@ def _contents(names: list[str], runs: list[dict], index: Index) -> tuple[dict, d
         "runs": runs,
         "items": len(index),
         "chunk_starts": index.chunk_starts,
-        "text_cap": TEXT_CAP,
         "kinds": list(KIND_CODES),
         "statuses": list(STATUS_CODES),
     }

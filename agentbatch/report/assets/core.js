@@ -151,7 +151,6 @@ function item(id) {
     cost: c.cost[id],
     seconds: c.seconds[id],
     calls: c.calls[id],
-    turns: c.turns[id],
     category: str(c.category[id]),
     reason: c.reason[id],
     file: str(c.file[id]),
