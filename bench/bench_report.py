@@ -53,11 +53,25 @@ with sync_playwright() as p:
     page.evaluate("n => { location.hash = '#trajectories/' + n; }", int(sys.argv[2]) - 1)
     page.wait_for_selector("article.trajectory", timeout=600_000)
     opened = time.monotonic() - t1
+    # Scrolling: the list moved a screen a frame for 120 frames; the longest frame says whether it stutters.
+    frames = page.evaluate('''() => new Promise(done => {
+        const list = document.querySelector(".vlist"), times = [];
+        list.scrollTop = 0;
+        let last = performance.now(), n = 0;
+        function step(now) {
+            times.push(now - last); last = now;
+            list.scrollTop += list.clientHeight;
+            if (++n < 120) requestAnimationFrame(step); else done(times.slice(1));
+        }
+        requestAnimationFrame(step);
+    })''')
     t2 = time.monotonic()
     page.fill("input[name=q]", "zzzz-not-there")
     page.wait_for_selector(".count[data-shown='0']", timeout=600_000)
     searched = time.monotonic() - t2
-    print(json.dumps(dict(timing, ready_wall=ready_wall, loaded_wall=loaded_wall, open_last=opened, search=searched, errors=errors)))
+    frame = {"frame_mean": sum(frames) / len(frames), "frame_max": max(frames)}
+    print(json.dumps(dict(timing, **frame, ready_wall=ready_wall, loaded_wall=loaded_wall, open_last=opened,
+                          search=searched, errors=errors)))
     browser.close()
 """
 
@@ -183,7 +197,8 @@ def bench_report(results: dict, n: int = 100_000) -> None:
         f"(14) --report over {items:,} lines ({source / 1e6:.0f} MB of run files): written in {wall:.1f} s "
         f"(peak RSS {after.ru_maxrss * 1024 / MIB:.0f} MiB), {size / 1e6:.1f} MB; Chromium from disk: first paint "
         f"{t['fcp'] / 1000:.2f} s, overview drawn {t['ready'] / 1000:.2f} s, whole file parsed {t['parsed'] / 1000:.2f} s, "
-        f"the last trajectory opened in {t['open_last']:.2f} s, a search of the list {t['search']:.2f} s; "
+        f"the last trajectory opened in {t['open_last']:.2f} s, a search of the list {t['search']:.2f} s, "
+        f"scrolling a screen a frame: {t['frame_mean']:.1f} ms a frame on average, {t['frame_max']:.1f} ms at most; "
         f"console errors: {len(t['errors'])}",
     )
 
