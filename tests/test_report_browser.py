@@ -335,3 +335,37 @@ def test_task_categories_chart_their_pass_at_k_and_filter_the_list(browser, runs
     page.shot("report-categories")
     assert page.errors == []
     page.close()
+
+
+def test_a_run_with_no_line_yet_draws_every_view_without_an_error(browser, tmp_path):
+    (tmp_path / "early").mkdir()
+    (tmp_path / "early" / "checkpoint.json").write_text(json.dumps({"state": "running", "total_prompts": 5}))
+    assert_clean_exit(report_cli(tmp_path, "early", "--report"))
+    page = Page(browser, tmp_path / "early" / "report.html")
+    for view in ("overview", "outcomes", "tools", "usage", "problems", "trajectories"):
+        page.go(view)
+    assert page.shown_count() == 0
+    page.page.check("input[name=deep]")
+    page.page.fill("input[name=q]", "anything")
+    page.page.wait_for_selector(".count[data-shown='0']", timeout=WAIT)
+    assert page.errors == []
+    page.close()
+
+
+def test_five_runs_side_by_side_choose_the_pair_to_compare(browser, runs, tmp_path):
+    for n in range(3):  # copies of a real run are real runs
+        shutil.copytree(runs / "model_a", tmp_path / f"copy_{n}", ignore=shutil.ignore_patterns("*.html"))
+    others = ",".join([str(runs / "model_a"), str(runs / "model_b"), "copy_1", "copy_2"])
+    assert_clean_exit(report_cli(tmp_path, "copy_0", f"--compare={others}"))
+    page = Page(browser, tmp_path / "copy_0" / "compare.html", "prompts")
+    p = page.page
+    assert p.eval_on_selector_all(".prompt-head .cell", "cs => cs.map(c => c.title)") == [
+        "copy_0", "model_a", "model_b", "copy_1", "copy_2"
+    ]  # fmt: skip
+    p.select_option("select[name=pass-a]", "2")
+    p.select_option("select[name=pass-b]", "3")
+    p.click(".pair-pick button")
+    p.wait_for_selector(".count[data-shown='1']", timeout=WAIT)
+    assert p.eval_on_selector_all(".prompt-row .text", "ts => ts.map(t => t.textContent)") == ["r-fail: what is 6*7?"]
+    assert page.errors == []
+    page.close()

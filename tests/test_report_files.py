@@ -5,12 +5,15 @@ different datasets are matched by prompt text. (What the page draws of it: test_
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import assert_clean_exit, run_cli, write_dataset
+from cli_helpers import RUN_TIMEOUT, assert_clean_exit, run_cli, start_cli, write_dataset
 from report_helpers import (
     MEGABYTE,
     SAMPLES,
@@ -242,3 +245,38 @@ def test_outcomes_by_task_category(run, tmp_path):
     assert sum(report.run()["rewards"]["by_category"]["category: files"]) == by["category"]["files"]["checked"]
     labels = {report.index["strings"][c] for c in report.column("category") if c >= 0}
     assert labels == {"category: arithmetic · difficulty: easy", "category: files · difficulty: easy"}
+
+
+def test_a_running_run_and_then_a_killed_one(tmp_path):
+    """The report of a run while its session writes it (the lock is not in the way), and once it was killed."""
+    data = write_dataset(tmp_path / "ds.jsonl", [f"slow prompt {i}" for i in range(40)])
+    args = run_args(data, tmp_path, "live", "--samples_per_prompt=1", "--concurrency=2", "--num_workers=1")
+    with ScriptedServer(default_script=[think("slow")], latency=0.3) as srv:
+        proc = start_cli(args, tmp_path, srv)
+        try:
+            batch = tmp_path / "live" / "batch_0.jsonl"
+            deadline = time.monotonic() + RUN_TIMEOUT
+            while not (batch.exists() and batch.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.1)
+            live = report_cli(tmp_path, "live", "--report")
+            assert_clean_exit(live)
+            assert proc.poll() is None, "the session was still running"
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+    running = Report(tmp_path / "live" / "report.html")
+    assert 2 <= running.data["items"] < 40
+    assert_clean_exit(report_cli(tmp_path, "live", "--report"))
+    killed = Report(tmp_path / "live" / "report.html")
+    assert killed.data["items"] >= running.data["items"]
+    assert killed.data["items"] == len(lines_of(tmp_path / "live"))
+
+
+def test_a_run_killed_before_any_sample_finished(tmp_path):
+    (tmp_path / "early").mkdir()
+    (tmp_path / "early" / "checkpoint.json").write_text(json.dumps({"state": "running", "total_prompts": 5}))
+    assert_clean_exit(report_cli(tmp_path, "early", "--report"))
+    report = Report(tmp_path / "early" / "report.html")
+    assert report.data["items"] == 0 and report.items == []
+    assert report.run()["statistics"]["prompts"] == {"total": 5, "done": 0, "discarded": 0, "failed": 0, "not_run": 5}

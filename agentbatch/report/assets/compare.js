@@ -119,7 +119,7 @@ function promptsView() {
     list.setCount(ids.length);
     count.textContent = `${fmtInt(ids.length)} of ${fmtInt(total)} prompts`;
     count.dataset.shown = ids.length;
-    for (const b of buttons.querySelectorAll("button")) b.classList.toggle("on", b.dataset.which === key());
+    for (const b of buttons.querySelectorAll("button")) b.classList.toggle("on", b.dataset.which === key() || (b.dataset.which === "pair" && promptFilter.which === "pair"));
   }
   const key = () => (promptFilter.which === "pair" ? `pair-${promptFilter.a}-${promptFilter.b}` : promptFilter.which);
   const choose = (which, a, b) => () => {
@@ -139,6 +139,18 @@ function promptsView() {
         if (a !== b) pairs.push(el("button", { class: "chip", text: `${ra.name} passes, ${rb.name} does not`, data: { which: `pair-${a}-${b}` }, onclick: choose("pair", a, b) }));
       }),
     );
+  } else {
+    // Too many runs for a button per pair: two choices and one button.
+    const pick = (name, value) => {
+      const node = el("select", { name }, runs.map((r, i) => el("option", { value: i, text: r.name })));
+      node.value = String(value);
+      return node;
+    };
+    const a = pick("pass-a", promptFilter.a);
+    const b = pick("pass-b", promptFilter.b);
+    const go = el("button", { class: "chip", text: "show", data: { which: "pair" } });
+    go.addEventListener("click", () => choose("pair", Number(a.value), Number(b.value))());
+    pairs.push(el("span", { class: "pair-pick" }, a, " passes, ", b, " does not ", go));
   }
   const every = el("input", { type: "checkbox" });
   every.checked = promptFilter.everyRun;
