@@ -189,10 +189,12 @@ def build_record(
     tool_schemas: list[dict],
     sample_index: int = 0,
     outcome: dict | None = None,
+    identity: str | None = None,
 ) -> dict:
     """One trajectory line; every line has the same keys and nested shape, so `datasets` loads any mix.
 
-    `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()).
+    `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()); `identity` is the
+    row's (dataset.task_identity), which the runner always gives.
     """
     conversations = to_conversations(messages)
     stats = tool_stats_of(messages)
@@ -204,6 +206,7 @@ def build_record(
         "partial": partial,
         "stop_reason": stop_reason,
         "sample_index": sample_index,
+        **({"identity": identity} if identity is not None else {}),
         **(outcome or no_check()),
         "api_calls": api_calls,
         "toolsets_used": list(toolsets),
@@ -235,7 +238,7 @@ def _schemas_text(tool_schemas: list[dict]) -> str:
 
 # Values some lines show and others leave absent or null. `datasets` fixes each column's type from the first
 # lines it reads, and cannot cast a later number, list or new field into a column it typed as null or missing;
-# so the merge writes first one line showing each kind the file holds (run_files.RunFiles.merge). Each kind has
+# so the merge writes first one line showing each kind the file holds (run_dir/merge.py). Each kind has
 # a byte pattern that a line showing it must contain (a key right before its value: JSON escapes quotes inside
 # strings, so a key spelled inside a tool result cannot match), to skip parsing most lines.
 VALUE_KINDS: dict[str, bytes] = {
@@ -245,6 +248,7 @@ VALUE_KINDS: dict[str, bytes] = {
     "reward": b'"reward": ',
     "check_exit_code": b'"exit_code": ',
     "answer_matched": b'"answer_matched": ',
+    "identity": b'"identity": "',
 }
 
 
@@ -259,6 +263,7 @@ def shown_kinds(record: dict) -> set[str]:
         "reward": record.get("reward") is not None,
         "check_exit_code": check is not None and check.get("exit_code") is not None,
         "answer_matched": check is not None and check.get("answer_matched") is not None,
+        "identity": isinstance(record.get("identity"), str),
     }
     return {kind for kind, yes in shown.items() if yes}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -67,18 +66,10 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str | None:
     return value
 
 
-SANDBOXES = ("bwrap", "local", "docker")
-
-
-def sandbox_kind(name: str, flag_value: Any) -> str:
-    """--sandbox, else TERMINAL_ENV, else auto (bwrap where it works); a wrong value names where it came from."""
-    env_value = os.environ.get("TERMINAL_ENV")
-    if flag_value is not None:
-        return choice(name, str(flag_value).strip().lower(), SANDBOXES)
-    kind = (env_value or "").strip().lower() or "auto"
-    if kind not in (*SANDBOXES, "auto"):
-        raise FatalError(f"TERMINAL_ENV must be {', '.join(SANDBOXES)}, got {env_value!r}; unset it or pass --sandbox")
-    return kind
+def sandbox_kind(name: str, value: Any) -> str | None:
+    """--sandbox, as a backend's name (None: not given); sandboxes/choice.py checks it against the registered
+    ones once the run's plug-ins are loaded, and decides."""
+    return None if value is None else str(value).strip().lower()
 
 
 def network(name: str, value: Any) -> bool:

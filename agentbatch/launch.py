@@ -9,7 +9,7 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
-from agentbatch import dataset_formats, flags, plugins, process_guard, sandboxes, secrets_guard
+from agentbatch import dataset_formats, flags, plugins, process_guard, secrets_guard
 from agentbatch import flag_checks as check
 from agentbatch.budget import BudgetSettings
 from agentbatch.errors import FatalError
@@ -19,11 +19,11 @@ from agentbatch.limits import PromptLimits
 from agentbatch.model import registry as models
 from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.model.usage import Prices
-from agentbatch.prompt_runner import RunConfig
-from agentbatch.run_files import RunFiles
 from agentbatch.sandboxes.base import SandboxSettings, owner_labels
-from agentbatch.session import Session, new_session_id
+from agentbatch.sandboxes.choice import choose as choose_sandboxes
+from agentbatch.session import Session, SessionSettings, new_session_id
 from agentbatch.tools import settings as tool_settings
+from agentbatch.work import RunConfig
 
 T = TypeVar("T")
 # Containers created at once per core by default: the engine's best parallelism (bench/RESULTS.md, (12)).
@@ -71,8 +71,23 @@ def run(raw: dict[str, Any]) -> int:
         moa_models=f["moa_models"],
         moa_aggregator=f["moa_aggregator"],
     )
-    # Probed once, here: bwrap where it works, else local (a one-line note says which, printed as the run starts).
-    sandbox_kind, sandbox_note = sandboxes.choose(f["sandbox"], network=f["sandbox_network"])
+    # Chosen once, here (bwrap probed): a one-line note says which, printed as the run starts.
+    sandbox, sandbox_note = choose_sandboxes(
+        f["sandbox"],
+        os.environ,
+        SandboxSettings(
+            docker_image=f["docker_image"],
+            memory=f["docker_memory"],
+            cpus=f["docker_cpus"],
+            pids=f["docker_pids"],
+            network=f["sandbox_network"],
+            processes=f["sandbox_processes"],
+            memory_bytes=f["sandbox_memory"],
+            file_size_bytes=f["sandbox_file_size"],
+            cpu_seconds=f["sandbox_cpu_seconds"],
+        ),
+        images=any(e.image for e in entries),
+    )
     with ExitStack() as stack:
         if local:
             from agentbatch.model import local_server
@@ -110,19 +125,7 @@ def run(raw: dict[str, Any]) -> int:
                 pacing_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="br-pacing-")),
             ),
             tools=tools,
-            sandbox=SandboxSettings(
-                kind=sandbox_kind,
-                docker_image=f["docker_image"],
-                memory=f["docker_memory"],
-                cpus=f["docker_cpus"],
-                pids=f["docker_pids"],
-                starts=sandbox_starts(f["sandbox_starts"], plan.processes),
-                network=f["sandbox_network"],
-                processes=f["sandbox_processes"],
-                memory_bytes=f["sandbox_memory"],
-                file_size_bytes=f["sandbox_file_size"],
-                cpu_seconds=f["sandbox_cpu_seconds"],
-            ),
+            sandbox=dataclasses.replace(sandbox, starts=sandbox_starts(f["sandbox_starts"], plan.processes)),
             limits=PromptLimits(f["prompt_timeout"], f["max_tokens_per_prompt"], f["max_cost_per_prompt"]),
             prices=Prices(f["price_input"] or 0.0, f["price_output"] or 0.0),
             system_prompt=f["ephemeral_system_prompt"],
@@ -131,31 +134,49 @@ def run(raw: dict[str, Any]) -> int:
             plugins=plugins.loaded(),
             sandbox_labels=owner_labels(run_dir, session_id),
         )
-        files = RunFiles(run_dir, secrets=secrets)
         session = Session(
-            cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"], f["samples_per_prompt"]
+            SessionSettings(
+                cfg,
+                run_dir,
+                entries,
+                f["batch_size"],
+                f["distribution"],
+                seed=f["seed"],
+                resume=f["resume"],
+                samples_per_prompt=f["samples_per_prompt"],
+                dataset_file=f["dataset_file"],
+                session_id=session_id,
+                sandbox_note=sandbox_note,
+                budget=BudgetSettings(
+                    f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
+                ),
+                progress_seconds=f["progress_seconds"],
+                slots=plan.sessions,
+                priced=priced or reports_cost(base_url),
+                at_end=_at_end(f, secrets) if f["export"] or f["report"] or f["compare"] else None,
+            )
         )
-        session.dataset_file = f["dataset_file"]
-        session.session_id = session_id
-        session.sandbox_note = sandbox_note
-        session.budget_settings = BudgetSettings(
-            f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
-        )
-        session.progress_seconds = f["progress_seconds"]
-        session.priced = priced or reports_cost(base_url)
-        session.slots = plan.sessions
         # Made before the session runs: local workers start now, while the runner is still one thread.
         ex = stack.enter_context(closing(executor(cfg, plan, f["ray_address"])))
-        code = session.run(ex)
-    if f["export"]:
-        from agentbatch.export import from_flags
+        return session.run(ex)
 
-        code = from_flags.after_session(f, secrets, code)
-    if f["report"] or f["compare"]:
-        from agentbatch.report import from_flags as report_flags
 
-        code = report_flags.after_session(f, secrets, code)
-    return code
+def _at_end(f: dict[str, Any], secrets: tuple[str, ...]):
+    """The exports and the report asked for with a run: written as its session ends, before it lets the run
+    directory go."""
+
+    def at_end(code: int) -> int:
+        if f["export"]:
+            from agentbatch.export import from_flags
+
+            code = from_flags.after_session(f, secrets, code)
+        if f["report"] or f["compare"]:
+            from agentbatch.report import from_flags as report_flags
+
+            code = report_flags.after_session(f, secrets, code)
+        return code
+
+    return at_end
 
 
 def existing_run(f: dict[str, Any]) -> int:

@@ -1,8 +1,8 @@
 """Statistics of verified outcomes (statistics.json "outcomes"): pass rate, mean reward, pass@k, tokens per pass.
 
 Computed over every sample with a check, kept or discarded (a --require_pass run discards its failures,
-and they count). Samples are grouped into prompts by (prompt_index, prompt text) for pass@k, overall and
-per toolset (all samples of a prompt are offered the same toolsets).
+and they count). Samples are grouped into prompts by (prompt_index, row identity; the prompt text on lines
+written before identities) for pass@k, overall and per toolset (all samples of a prompt are offered the same toolsets).
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ class OutcomeStats:
         if status not in ("passed", "failed", *NO_RESULT):  # no check, or a line from before checks
             self._unchecked[toolsets] += 1
             return
-        prompt = first_human(record)
-        # One int per prompt, not its text: (index, text) hashed (one process, so one hash seed).
-        key = hash((record.get("prompt_index"), prompt))
+        # One int per prompt, not its text: (index, row identity) hashed (one process, so one hash seed); lines
+        # written before identities by their prompt text.
+        identity = record.get("identity")
+        row = identity if type(identity) is str and identity else first_human(record)
+        key = hash((record.get("prompt_index"), row))
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group(toolsets)

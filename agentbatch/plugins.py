@@ -36,8 +36,13 @@ BUILTINS = (
     "agentbatch.tools.image",
     "agentbatch.tools.moa",
     "agentbatch.tools.browser",
+    # The sandbox backends, in the order --sandbox lists them; docker's imports the Docker SDK only when
+    # a sample first needs it.
+    "agentbatch.sandboxes.bwrap",
+    "agentbatch.sandboxes.local",
+    "agentbatch.sandboxes.docker",
     # The JSONL dataset format.
-    "agentbatch.dataset",
+    "agentbatch.dataset_jsonl",
 )
 
 _lock = threading.RLock()

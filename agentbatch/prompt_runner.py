@@ -4,88 +4,22 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
 
-from agentbatch import sandboxes, verification
+from agentbatch import verification
 from agentbatch.agent_loop import run_agent
-from agentbatch.limits import PromptLimits, SessionLimits
+from agentbatch.limits import SessionLimits
 from agentbatch.model import registry as models
 from agentbatch.model.base import Model, ModelCallError
-from agentbatch.model.client import ModelClient, ModelSettings
-from agentbatch.model.usage import Prices, Usage
-from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
+from agentbatch.model.client import ModelClient
+from agentbatch.model.usage import Usage
+from agentbatch.sandboxes import registry as sandbox_backends
+from agentbatch.sandboxes.base import SandboxError, SandboxSpec
 from agentbatch.secrets_guard import Redactor
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import offered_tools
-from agentbatch.tools.settings import ToolSettings
+from agentbatch.work import PromptOutcome, PromptTask, RunConfig, now_iso
 from trajectory import build_record, has_think_block
-
-
-@dataclass
-class RunConfig:
-    """Everything a worker needs to run prompts; built once by the parent from the flags."""
-
-    run_name: str
-    model: ModelSettings
-    tools: ToolSettings = field(default_factory=ToolSettings)
-    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
-    max_turns: int = 10
-    limits: PromptLimits = field(default_factory=PromptLimits)
-    prices: Prices = field(default_factory=Prices)
-    system_prompt: str | None = None
-    prefill: list[dict] = field(default_factory=list)
-    require_reasoning: bool = True
-    require_pass: bool = False
-    check_timeout: float = 300.0
-    verbose: bool = False
-    log_prefix_chars: int = 100
-    # Every credential of the run: redacted from tool results before the endpoint sees them, and from logs.
-    secrets: tuple[str, ...] = field(default=(), repr=False)
-    # The plug-in modules and files the run named (--plugins): every worker loads them at its start.
-    plugins: tuple[str, ...] = ()
-    # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
-    sandbox_labels: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class PromptTask:
-    """A sample to run: its prompt's dataset position, its sample number, batch, toolsets, sandbox and check."""
-
-    index: int
-    prompt: str
-    batch_num: int
-    toolsets: list[str]
-    image: str | None = None
-    cwd: str | None = None
-    sample_index: int = 0
-    setup: str | None = None
-    verify: str | None = None
-    answers: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> tuple[int, int]:
-        """What tells this sample from the others in flight: (prompt index, sample index)."""
-        return self.index, self.sample_index
-
-
-@dataclass
-class PromptOutcome:
-    """How a prompt ended: "done" with a record, "discarded" with a record and reason, or "failed" with an error."""
-
-    index: int
-    prompt: str
-    batch_num: int
-    status: str
-    record: dict | None = None
-    error: str | None = None
-    usage: dict = field(default_factory=dict)
-    seconds: float = 0.0
-    sample_index: int = 0
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return self.index, self.sample_index
 
 
 @dataclass
@@ -111,10 +45,6 @@ class Clients:
 DISCARD_REASONS = {"failed": "check_failed", "timeout": "check_timeout", "error": "check_error", "none": "no_check"}
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).replace(tzinfo=None).isoformat(timespec="seconds")
-
-
 def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutcome:
     """Run one prompt; never raises: every problem becomes a failed outcome with its reason."""
     start = time.monotonic()
@@ -125,7 +55,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
         spec = SandboxSpec(
             cfg.sandbox, image=task.image, cwd=task.cwd, run_name=cfg.run_name, labels=dict(cfg.sandbox_labels)
         )
-        sandboxes.prepare(spec)  # before any model call: an unavailable image costs no tokens
+        sandbox_backends.get(spec.kind).prepare(spec)  # before any model call: an absent image costs no tokens
         limits = SessionLimits(cfg.limits, usage)  # the time limit counts from here, after the image check
         ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
         if task.setup:  # before any model call too: a task whose files cannot be made costs no tokens
@@ -155,6 +85,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             tool_schemas=result.tool_schemas,
             sample_index=task.sample_index,
             outcome=check.fields(),
+            identity=task.identity,
         )
         outcome.record = record
         if cfg.require_reasoning and not any(
@@ -173,7 +104,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             outcome.error += "\n" + traceback.format_exc()
     finally:
         if ctx is not None:
-            ctx.close()
+            ctx.close(interrupted=outcome.status == "failed")
         outcome.usage = usage.as_dict()
         outcome.seconds = time.monotonic() - start
     return outcome

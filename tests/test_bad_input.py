@@ -14,7 +14,7 @@ import pytest
 from cli_helpers import ROOT, RunDir, assert_clean_exit, prompt_of_record, run_cli, write_dataset
 from scripted_server import ScriptedServer
 
-from agentbatch.dataset import MAX_PROMPT_CHARS, load_entries
+from agentbatch.dataset_jsonl import MAX_PROMPT_CHARS, load_entries
 
 CORPUS = ROOT / "tests" / "fixtures" / "bad_datasets"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from agentbatch.dataset import load_entries
+from agentbatch.dataset_jsonl import load_entries
 from agentbatch.outcome_stats import pass_at_k, shown_ks
 from agentbatch.verification import answer_matches, parse_reward
 

@@ -32,7 +32,8 @@ from scripted_server import ScriptedServer
 from verify_helpers import expected_pass_at_k
 
 from agentbatch.report.pack import TEXT_CAP
-from agentbatch.run_files import RunFiles
+from agentbatch.run_dir.files import RunFiles
+from agentbatch.run_dir.merge import merge
 
 SAME = ("trajectories", "completed", "partial", "max_turns_reached", "stop_reasons", "api_calls", "discarded",
         "discard_reasons", "reasoning", "tools", "tokens", "cost", "by_model", "by_toolset", "outcomes", "prompts")  # fmt: skip
@@ -147,13 +148,13 @@ def test_torn_and_wrong_shaped_lines_are_skipped_and_counted_as_the_merge_does(r
         f.write('"just a string"\n{"torn')
     with open(damaged / "failed.jsonl", "a") as f:
         f.write('{"prompt": "x", "err')
-    (damaged / ".report.html.tmp-99999").write_text("<html>half a report")  # a report writer killed mid-write
+    (damaged / "report.html.tmp").write_text("<html>half a report")  # a report writer killed mid-write
     done = report_cli(tmp_path, "damaged", "--report")
     assert_clean_exit(done)
     assert "8 lines skipped" in done.stderr
-    assert sorted(p.name for p in damaged.glob("*report*")) == ["report.html"]
+    assert sorted(p.name for p in damaged.glob("*report*")) == ["report.html"], "the leftover was replaced"
     report = Report(damaged / "report.html")
-    merged = RunFiles(str(damaged)).merge()
+    merged = merge(RunFiles(str(damaged)))
     skipped = report.run()["skipped"]
     assert skipped["trajectory"] == {"not_json": merged.not_json, "malformed": merged.malformed, "unknown_tool": 1}
     assert (merged.not_json, merged.malformed, merged.unknown_tool) == (1, 3, 1)
@@ -280,3 +281,15 @@ def test_a_run_killed_before_any_sample_finished(tmp_path):
     report = Report(tmp_path / "early" / "report.html")
     assert report.data["items"] == 0 and report.items == []
     assert report.run()["statistics"]["prompts"] == {"total": 5, "done": 0, "discarded": 0, "failed": 0, "not_run": 5}
+
+
+def test_two_report_writers_at_once_take_turns(run, tmp_path):
+    copy = tmp_path / "twice"
+    shutil.copytree(run, copy)
+    both = [start_cli([f"--run_name={copy.name}", f"--output_dir={tmp_path}", "--report"], tmp_path) for _ in range(2)]
+    for proc in both:
+        _out, err = proc.communicate(timeout=RUN_TIMEOUT)
+        assert proc.returncode == 0, err
+        assert "report: " in err, err  # the second may first say it waits for the first
+    assert Report(copy / "report.html").data["items"] == len(lines_of(run))
+    assert not (copy / "report.html.tmp").exists()

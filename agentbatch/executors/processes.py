@@ -26,8 +26,9 @@ from multiprocessing.connection import Connection, wait
 
 from agentbatch import plugins, process_guard
 from agentbatch.executors.base import Admit, Slots, lost
-from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.prompt_runner import Clients, run_prompt
 from agentbatch.tools.registry import load_tools
+from agentbatch.work import PromptOutcome, PromptTask, RunConfig
 
 _POLL_SECONDS = 0.5
 _STOP = None  # the message that tells a worker's threads to finish

@@ -30,7 +30,8 @@ from ray.exceptions import RayActorError, RayError
 
 from agentbatch import plugins, process_guard
 from agentbatch.executors.base import Admit, Slots, lost
-from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.prompt_runner import Clients, run_prompt
+from agentbatch.work import PromptOutcome, PromptTask, RunConfig
 
 _POLL_SECONDS = 0.5
 

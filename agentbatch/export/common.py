@@ -1,30 +1,26 @@
-"""What every export shares: the run's records read from its files, the filters, atomic output, dataset cards."""
+"""What every export shares: the run's records read from its files (through run_dir), the filters, dataset cards."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import hashlib
 import json
-import os
-import re
-import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentbatch.run_dir import lines
+from agentbatch.run_dir.answers import answer_key
+from agentbatch.run_dir.files import read_json
+from agentbatch.run_dir.lines import ReadCounts
+from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
 from trajectory import first_human, no_check, unknown_tools
 
 try:  # 3-5x faster than json on long lines: most of a large export's time is parsing (bench/RESULTS.md, (7))
     from orjson import loads as _loads
 except ImportError:
     _loads = json.loads
-
-_BATCH_RE = re.compile(r"^batch_(\d+)\.jsonl$")
-# Lines of trajectories are ~10 KB: with the default 8 KB buffer each one takes several reads and joins (4x the CPU).
-_READ_BUFFER = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -75,38 +71,28 @@ def assistant_turns(record: dict) -> int:
 
 
 @dataclass
-class SourceCounts:
-    """What reading the run's batch files found, before any filter."""
+class SourceCounts(ReadCounts):
+    """What reading the run's batch files found before any filter (run_dir's counts), and what each filter dropped."""
 
-    lines: int = 0
-    bytes: int = 0
-    not_json: int = 0
-    unknown_tool: int = 0
-    trajectories: int = 0
     filtered: Counter = field(default_factory=Counter)
 
 
 class RunSource:
     """The records of a run directory, read from its batch files and never changed (so a live or killed run works).
 
-    Every line is redacted of the given secrets before it is parsed, whatever the files already hold.
+    Read through run_dir's reader; every line is redacted of the given secrets before it is parsed, whatever
+    the files already hold.
     """
 
     def __init__(self, run_dir: str | Path, secrets: tuple[str, ...] = ()):
         self.dir = Path(run_dir)
-        # A very short "secret" would redact ordinary letters out of every line (as RunFiles does).
+        self.paths = RunPaths(run_dir)
+        # A very short "secret" would redact ordinary letters out of every line (as the session's Redactor does).
         self._secrets = tuple(s.encode() for s in secrets if s and len(s) >= 8)
         self.counts = SourceCounts()
 
     def exists(self) -> bool:
-        return bool(self.batch_numbers()) or any(
-            (self.dir / n).exists() for n in ("discarded.jsonl", "failed.jsonl", "checkpoint.json")
-        )
-
-    def batch_numbers(self) -> list[int]:
-        if not self.dir.is_dir():
-            return []
-        return sorted(int(m.group(1)) for f in os.listdir(self.dir) if (m := _BATCH_RE.match(f)))
+        return self.paths.holds_run()
 
     def trajectories(self) -> Iterator[tuple[dict, bytes]]:
         """(record, its redacted line) of every trajectory the merge would keep, in batch-file order.
@@ -114,98 +100,79 @@ class RunSource:
         Lines that are not JSON or call unknown tools are counted, not yielded.
         """
         c = self.counts
-        for n in self.batch_numbers():
-            for record, raw in self._lines(self.dir / f"batch_{n}.jsonl", c):
-                if unknown_tools(record.get("conversations") or []):
+        for path in self.paths.batches():
+            for _offset, raw, record in lines.read(path, c, parse=parse_line, secrets=self._secrets):
+                if record is None:
+                    c.not_json += 1
+                elif unknown_tools(record.get("conversations") or []):
                     c.unknown_tool += 1
-                    continue
-                c.trajectories += 1
-                yield record, raw
+                else:
+                    c.trajectories += 1
+                    yield record, raw
 
     def discarded(self) -> Iterator[dict]:
-        yield from self._records(self.dir / "discarded.jsonl", None)
+        yield from self._records(self.paths.path(DISCARDED))
 
     def unanswered_failures(self) -> list[dict]:
-        """The last failed attempt of each prompt that no trajectory or discard answers, with its attempt count."""
-        answered = {first_human(r) for r in self._all_answers()}
-        last: dict[str, dict] = {}
+        """The last failed attempt of each row that no trajectory or discard answers, with its attempt count.
+
+        Matched as resume matches (run_dir/answers.py): a failure that carries its row's identity is answered
+        by a line of that identity, an older one by any line of its prompt text.
+        """
+        identities, prompts = set(), set()
+        for r in self._all_answers():
+            key = answer_key(r)
+            if key is not None and isinstance(key[0], str):
+                identities.add(key[0])
+            prompts.add(first_human(r))
+        last: dict[str | bytes, dict] = {}
         attempts: Counter = Counter()
-        for line in self._records(self.dir / "failed.jsonl", None):
-            prompt = line.get("prompt")
-            if isinstance(prompt, str) and prompt not in answered:
-                last[prompt] = line
-                attempts[prompt] += 1
-        return [dict(line, attempts=attempts[p]) for p, line in last.items()]
+        for line in self._records(self.paths.path(FAILED)):
+            key = answer_key(line)
+            if key is None or (key[0] in identities if isinstance(key[0], str) else line["prompt"] in prompts):
+                continue
+            last[key[0]] = line
+            attempts[key[0]] += 1
+        return [dict(line, attempts=attempts[k]) for k, line in last.items()]
 
     def read_json(self, name: str) -> dict:
-        try:
-            with open(self.dir / name, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
+        return read_json(self.paths.path(name)) or {}
 
     def _all_answers(self) -> Iterator[dict]:
-        for n in self.batch_numbers():
-            yield from self._records(self.dir / f"batch_{n}.jsonl", None)
+        for path in self.paths.batches():
+            yield from self._records(path)
         yield from self.discarded()
 
-    def _records(self, path: Path, counts: SourceCounts | None) -> Iterator[dict]:
-        for record, _raw in self._lines(path, counts):
-            yield record
+    def _records(self, path: str) -> Iterator[dict]:
+        for _offset, _raw, record in lines.read(path, parse=parse_line, secrets=self._secrets):
+            if record is not None:
+                yield record
 
     def line_blocks(self, block_bytes: int) -> Iterator[tuple[list[bytes], list[int]]]:
         """The batch files' lines, unparsed, in blocks of about block_bytes: (lines ending in a newline, their sizes).
 
         Lines are counted (`lines`, `bytes`) and redacted as in trajectories(); the caller counts the rest.
         """
-        lines: list[bytes] = []
+        block: list[bytes] = []
         sizes: list[int] = []
         size = 0
-        for n in self.batch_numbers():
-            for raw in self._raw_lines(self.dir / f"batch_{n}.jsonl", self.counts):
-                lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
+        for path in self.paths.batches():
+            for _offset, raw, _ in lines.read(path, self.counts, parse=None, secrets=self._secrets):
+                block.append(raw if raw.endswith(b"\n") else raw + b"\n")
                 sizes.append(len(raw))
                 size += len(raw)
                 if size >= block_bytes:
-                    yield lines, sizes
-                    lines, sizes, size = [], [], 0
-        if lines:
-            yield lines, sizes
-
-    def _lines(self, path: Path, counts: SourceCounts | None) -> Iterator[tuple[dict, bytes]]:
-        for raw in self._raw_lines(path, counts):
-            record = parse_line(raw)
-            if record is not None:
-                yield record, raw
-            elif counts is not None:
-                counts.not_json += 1
-
-    def _raw_lines(self, path: Path, counts: SourceCounts | None) -> Iterator[bytes]:
-        """The file's lines that are not blank, redacted of the secrets."""
-        try:
-            f = open(path, "rb", buffering=_READ_BUFFER)
-        except FileNotFoundError:
-            return
-        with f:
-            for raw in f:
-                if counts is not None:
-                    counts.bytes += len(raw)
-                if not raw or raw.isspace():
-                    continue
-                if counts is not None:
-                    counts.lines += 1
-                for s in self._secrets:
-                    if s in raw:
-                        raw = raw.replace(s, b"[REDACTED]")
-                yield raw
+                    yield block, sizes
+                    block, sizes, size = [], [], 0
+        if block:
+            yield block, sizes
 
 
 def parse_line(raw: bytes) -> dict | None:
     """The line's JSON object, None for a torn or corrupt line (or one that holds another JSON value)."""
     try:
         record = parse_json(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past any sane depth
         return None
     return record if isinstance(record, dict) else None
 
@@ -358,68 +325,3 @@ def files_fingerprint(folder: Path, pattern: str) -> str:
             content = hashlib.file_digest(f, "sha256").hexdigest()
         digest.update(f"{file.relative_to(folder).as_posix()}\0{content}\n".encode())
     return "sha256:" + digest.hexdigest()
-
-
-# renameat2(RENAME_EXCHANGE): swap two directories in one step, so a reader never sees neither.
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    return fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
-
-
-@contextlib.contextmanager
-def atomic_dir(target: Path) -> Iterator[Path]:
-    """A fresh directory to fill; on success it replaces `target` whole, on failure it is removed and target kept."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in target.parent.glob(f".{target.name}.*"):  # from an export that was killed
-        shutil.rmtree(leftover, ignore_errors=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        _fsync_tree(tmp)
-        if not target.exists():
-            os.rename(tmp, target)
-        elif _exchange(tmp, target):
-            shutil.rmtree(tmp)  # now holds the previous export
-        else:  # a filesystem without RENAME_EXCHANGE: two renames, the old one out of the way first
-            old = target.parent / f".{target.name}.old-{os.getpid()}"
-            os.rename(target, old)
-            os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _fsync_tree(root: Path) -> None:
-    for folder, _dirs, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def write_json_atomic(path: Path, doc: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

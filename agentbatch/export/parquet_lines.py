@@ -139,7 +139,9 @@ if msgspec is not None:
         tools: _Raw = _Raw()
         reward: _Raw = _Raw()
         passed: _Raw = _Raw()
-        check: _Raw = _Raw()  # beyond the schema's, on every line of a current run: its only extra field
+        # Beyond the schema's, on every line of a current run: its only extra fields, in this order.
+        identity: _Raw = _Raw()
+        check: _Raw = _Raw()
 
     _LINE = msgspec.json.Decoder(_Line)
     _OBJECT = msgspec.json.Decoder(dict[str, _Raw] | None)
@@ -162,6 +164,9 @@ def scan(line: bytes) -> Scan:
         return _PYTHON  # --export_no_tool_errors sums every key
     try:
         extra = _extra_text("check", known.check)
+        if known.identity:  # a different text on every line: not kept, put before the check's
+            identity = f'"identity": {json.dumps(_value(known.identity), ensure_ascii=False)}'
+            extra = f"{{{identity}, {extra[1:]}" if extra else f"{{{identity}}}"
         turns = [_extra_text("logprobs", t.logprobs) for t in known.conversations]
     except ValueError:
         return _PYTHON

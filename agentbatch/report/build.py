@@ -3,9 +3,7 @@ trajectories' index and chunks, then the page written beside and swapped in whol
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import tempfile
 import time
 from collections import deque
@@ -16,10 +14,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agentbatch.errors import FatalError
-from agentbatch.report import page, prompts
+from agentbatch.report import collect, page, prompts
 from agentbatch.report.collect import RunReader
 from agentbatch.report.figures import Figures
 from agentbatch.report.pack import COLUMNS, KIND_CODES, STATUS_CODES, Index, compress_chunk
+from agentbatch.run_dir import atomic
+from agentbatch.run_dir.lock import export_lock
+from agentbatch.run_dir.paths import RunPaths
 
 # What the report shows of checkpoint.json: its texts, and its numbers (anything else, as a hand edit leaves, is null).
 CHECKPOINT_TEXTS = ("state", "model", "distribution", "dataset_file", "updated_at")
@@ -43,22 +44,21 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
     readers = [RunReader(Path(d), secrets) for d in run_dirs]
     require_runs(run_dirs)
     names = _names(readers)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in out.parent.glob(f".{out.name}.tmp-*"):  # of a report writer that was killed
-        with contextlib.suppress(OSError):
-            leftover.unlink()
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        with tempfile.TemporaryFile(dir=out.parent) as chunks, open(tmp, "wb") as f, _Chunks(chunks) as writer:
+        # One writer at a time: the exports' lock (a report is the run exported to a page; a second report or an
+        # export waits for this one), then run_dir's atomic writer swaps the page in whole.
+        with (
+            export_lock(RunPaths(out.parent)),
+            tempfile.TemporaryFile(dir=out.parent) as chunks,
+            atomic.replacing(out) as f,
+            _Chunks(chunks) as writer,
+        ):
             index, runs = _read(readers, names, writer)
             data, blob = _contents(names, runs, index)
             page.write_page(f, data["title"], data, blob, chunks)
-        os.replace(tmp, out)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise FatalError(f"cannot write the report {out}: {e.strerror or e}; the run's files are unchanged") from None
-    skipped = sum(s.total() for r in readers for s in r.skipped.values())
+    skipped = sum(sum(collect.skipped(c).values()) for r in readers for c in r.counts.values())
     return Written(out, len(index), out.stat().st_size, time.monotonic() - start, skipped)
 
 
@@ -79,7 +79,7 @@ def _read(readers: list[RunReader], names: list[str], writer: _Chunks) -> tuple[
                 "path": str(reader.path),
                 "items": [first, len(index)],
                 "checkpoint": checkpoint,
-                **figures.to_dict(names[number], checkpoint, reader.skipped),
+                **figures.to_dict(names[number], checkpoint, reader.counts),
             }
         )
     if index.has_pending():

@@ -1,5 +1,5 @@
-"""Everything the report reads from a run directory, in one place: the lines of its batch files, discards and
-failed attempts (kept or skipped by the merge's rules), checkpoint.json and statistics.json.
+"""What the report reads of a run directory, through run_dir (its one reader): the lines of its batch files,
+discards and failed attempts, kept or skipped by the merge's rules, and checkpoint.json.
 
 Read-only, so a finished, running or killed run works alike; a torn or wrong-shaped line is skipped and
 counted, as the merge does (README, "Output"). Every line is redacted of the given secrets before it is parsed.
@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentbatch.record_shape import trajectory_problem
-from agentbatch.run_files import RunFiles
+from agentbatch.run_dir import lines
+from agentbatch.run_dir.files import read_json
+from agentbatch.run_dir.lines import NOT_JSON, ReadCounts
+from agentbatch.run_dir.paths import CHECKPOINT, DISCARDED, FAILED, RunPaths
 from agentbatch.secrets_guard import MIN_PART, Redactor
 from trajectory import unknown_tools
 
@@ -23,46 +26,32 @@ try:  # 3-5x faster than json on long lines, as in the export
 except ImportError:
     _fast_loads = json.loads
 
-DISCARDED = "discarded.jsonl"
-FAILED = "failed.jsonl"
 # What a line is: a trajectory of a batch file, a discarded sample, or a failed attempt.
 KINDS = ("trajectory", "discarded", "failed")
 
 
-@dataclass
-class Skipped:
-    """Lines of one kind of file that were left out, by why (as statistics.json's `merge` counts them)."""
-
-    not_json: int = 0  # torn (a kill mid-write) or corrupt
-    malformed: int = 0  # JSON of another shape than the file's lines
-    unknown_tool: int = 0  # a trajectory calling a tool of no toolset
-
-    def total(self) -> int:
-        return self.not_json + self.malformed + self.unknown_tool
-
-
 @dataclass(frozen=True)
 class Line:
-    """One record the report shows, with where it was read (file name, 1-based line number)."""
+    """One record the report shows, where it was read, and its size in bytes."""
 
     kind: str
     record: dict
     file: str
-    line: int
-    size: int  # bytes of the line as read
+    line: int  # 1-based, among the file's lines that are not blank (a runner writes none)
+    size: int
 
 
 @dataclass
 class RunReader:
-    """One run directory, read without changing it."""
+    """One run directory, read without changing it; `counts` says per kind of line what was read and left out."""
 
     path: Path
     secrets: tuple[str, ...] = ()
-    skipped: dict[str, Skipped] = field(default_factory=lambda: {k: Skipped() for k in KINDS})
+    counts: dict[str, ReadCounts] = field(default_factory=lambda: {k: ReadCounts() for k in KINDS})
 
     def __post_init__(self):
         self.path = Path(self.path)
-        self._files = RunFiles(str(self.path))
+        self.paths = RunPaths(self.path)
         self._redact = Redactor(self.secrets)
         # The bytes whose presence sends a line through the redactor (a secret's head or tail is enough).
         self._marks = tuple({p.encode() for s in self._redact.secrets for p in (s[:MIN_PART], s[-MIN_PART:])})
@@ -73,64 +62,50 @@ class RunReader:
 
     def exists(self) -> bool:
         """Whether the directory holds a run (a batch file, discards, failures or a checkpoint)."""
-        return self.path.is_dir() and self._files.has_output()
+        return self.paths.holds_run()
 
     def checkpoint(self) -> dict:
-        return self._files.read_json("checkpoint.json") or {}
-
-    def statistics(self) -> dict:
-        """statistics.json as the last session to end wrote it (a running or killed run's may be older)."""
-        return self._files.read_json("statistics.json") or {}
+        return read_json(self.paths.path(CHECKPOINT)) or {}
 
     def lines(self) -> Iterator[Line]:
         """The trajectories the merge keeps (batch files in numeric order), then discards, then failed attempts."""
-        for n in self._files.batch_numbers():
-            name = f"batch_{n}.jsonl"
-            for number, size, record in self._records(name, "trajectory"):
-                if trajectory_problem(record) is not None:
-                    self.skipped["trajectory"].malformed += 1
-                elif unknown_tools(record["conversations"]):
-                    self.skipped["trajectory"].unknown_tool += 1
+        counts = self.counts["trajectory"]
+        for path in self.paths.batches():
+            for line in self._lines(path, "trajectory"):
+                if trajectory_problem(line.record) is not None:
+                    counts.malformed += 1
+                elif unknown_tools(line.record["conversations"]):
+                    counts.unknown_tool += 1
                 else:
-                    yield Line("trajectory", record, name, number, size)
-        for number, size, record in self._records(DISCARDED, "discarded"):
-            if trajectory_problem(record) is None:
-                yield Line("discarded", record, DISCARDED, number, size)
+                    counts.trajectories += 1
+                    yield line
+        for line in self._lines(self.paths.path(DISCARDED), "discarded"):
+            if trajectory_problem(line.record) is None:
+                yield line
             else:
-                self.skipped["discarded"].malformed += 1
-        for number, size, record in self._records(FAILED, "failed"):
-            # Any object counts in the statistics (its usage was paid for); one without a prompt is still shown.
-            yield Line("failed", record, FAILED, number, size)
+                self.counts["discarded"].malformed += 1
+        # Any object counts in the statistics (its usage was paid for); one without a prompt is still shown.
+        yield from self._lines(self.paths.path(FAILED), "failed")
 
-    def _records(self, name: str, kind: str) -> Iterator[tuple[int, int, dict]]:
-        skipped = self.skipped[kind]
-        try:
-            f = open(self.path / name, "rb", buffering=1 << 20)
-        except FileNotFoundError:
-            return
-        with f:
-            for number, raw in enumerate(f, 1):
-                if raw.isspace():
-                    continue
-                record = self._parse(raw)
-                if record is None:
-                    skipped.not_json += 1
-                elif not isinstance(record, dict):
-                    skipped.malformed += 1
-                else:
-                    yield number, len(raw), record
+    def _lines(self, path: str, kind: str) -> Iterator[Line]:
+        """The file's JSON objects; lines that are not JSON, or JSON but no object, are counted."""
+        counts = self.counts[kind]
+        name = os.path.basename(path)
+        for number, (_offset, raw, value) in enumerate(lines.read(path, counts, parse=self._parse), 1):
+            if value is NOT_JSON:
+                counts.not_json += 1
+            elif type(value) is not dict:
+                counts.malformed += 1
+            else:
+                yield Line(kind, value, name, number, len(raw))
 
-    def _parse(self, raw: bytes):
+    def _parse(self, raw: bytes) -> object:
         if self._marks and any(m in raw for m in self._marks):
             raw = self._redact(raw.decode("utf-8", "replace")).encode("utf-8")
         try:
             return _fast_loads(raw)
         except ValueError:
-            pass
-        try:  # orjson refuses lone surrogate escapes and NaN, which json takes
-            return json.loads(raw)
-        except (ValueError, RecursionError):
-            return None
+            return lines.json_value(raw)  # orjson refuses lone surrogate escapes and NaN, which json takes
 
 
 def resolve(output_dir: str, name: str) -> Path:
@@ -138,3 +113,8 @@ def resolve(output_dir: str, name: str) -> Path:
     if os.sep in name or name.startswith("."):
         return Path(name).expanduser()
     return Path(output_dir) / name
+
+
+def skipped(counts: ReadCounts) -> dict[str, int]:
+    """The lines of one kind of file that were left out, by why."""
+    return {"not_json": counts.not_json, "malformed": counts.malformed, "unknown_tool": counts.unknown_tool}

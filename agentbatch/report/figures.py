@@ -10,8 +10,9 @@ from collections import Counter, defaultdict
 
 from agentbatch.model.usage import cost_of
 from agentbatch.outcome_stats import OutcomeStats
-from agentbatch.report.collect import Line
-from agentbatch.run_files import sample_key
+from agentbatch.report.collect import Line, skipped
+from agentbatch.run_dir.answers import answer_key
+from agentbatch.run_dir.lines import ReadCounts
 from agentbatch.run_statistics import RunStats
 
 # Where a row's task category lives: these keys of a line's `metadata`, or of an object inside it
@@ -95,7 +96,7 @@ class Figures:
         sample = record.get("sample_index")
         if isinstance(sample, int) and not isinstance(sample, bool):
             self.samples = max(self.samples, sample + 1)
-        key = sample_key(record)
+        key = answer_key(record)
         if line.kind == "failed":
             self.stats.add_failed_attempt(record)
             self.failure_errors[one_line(record.get("error") or "no error text")] += 1
@@ -136,7 +137,7 @@ class Figures:
         not_run = max(0, total - done - discarded - failed) if total is not None else None
         return {"total": total, "done": done, "discarded": discarded, "failed": failed, "not_run": not_run}
 
-    def to_dict(self, run_name: str, checkpoint: dict, skipped: dict) -> dict:
+    def to_dict(self, run_name: str, checkpoint: dict, counts: dict[str, ReadCounts]) -> dict:
         total = checkpoint.get("total_prompts")
         total = total * self.samples if isinstance(total, int) and not isinstance(total, bool) else None
         prompts = self.prompts(total)
@@ -148,16 +149,16 @@ class Figures:
             prompts=prompts,
             merge={
                 "kept": self.stats.trajectories,
-                "filtered_unknown_tool": skipped["trajectory"].unknown_tool,
-                "filtered_not_json": skipped["trajectory"].not_json,
-                "filtered_malformed": skipped["trajectory"].malformed,
+                "filtered_unknown_tool": counts["trajectory"].unknown_tool,
+                "filtered_not_json": counts["trajectory"].not_json,
+                "filtered_malformed": counts["trajectory"].malformed,
             },
             duration_seconds=checkpoint.get("duration_seconds"),
         )
         stats["outcomes"] = self.outcomes.to_dict(self.samples)
         return {
             "statistics": stats,
-            "skipped": {kind: vars(s) for kind, s in skipped.items()},
+            "skipped": {kind: skipped(c) for kind, c in counts.items()},
             "by_category": self._by_category(),
             "rewards": self._reward_histograms(),
             "usage": self._usage(),
