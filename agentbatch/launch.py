@@ -188,7 +188,8 @@ def existing_run(f: dict[str, Any]) -> int:
     if f["report"] or f["compare"]:
         from agentbatch.report import from_flags as report_flags
 
-        report_flags.report_only(f)
+        env = tuple(v for k, v in os.environ.items() if secrets_guard.looks_secret(k))
+        report_flags.report_only(f, (*env, f["api_key"]) if f["api_key"] else env)
     return 0
 
 

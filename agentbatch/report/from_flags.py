@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -10,15 +9,14 @@ from agentbatch.errors import FatalError
 from agentbatch.report import COMPARE_FILE, REPORT_FILE
 from agentbatch.report.build import Written, require_runs, write_report
 from agentbatch.report.collect import resolve
-from agentbatch.secrets_guard import looks_secret
 
 
-def report_only(f: dict[str, Any]) -> int:
-    """`--run_name=NAME --report` (or `--compare=...`) without a dataset: write it as the run is now, and exit."""
+def report_only(f: dict[str, Any], secrets: tuple[str, ...]) -> int:
+    """`--run_name=NAME --report` (or `--compare=...`) without a dataset: write it as the run is now, and exit.
+
+    Lines were redacted when written; `secrets` (this environment's credentials) are taken out again."""
     if f["run_name"] is None:
         raise FatalError("--report needs --run_name: the run to report on (data/<run_name>/)")
-    # Lines were redacted when written; this also keeps out any credential of this environment.
-    secrets = tuple(v for k, v in os.environ.items() if looks_secret(k)) + ((f["api_key"],) if f["api_key"] else ())
     write(f, secrets)
     return 0
 
@@ -49,5 +47,7 @@ def write(f: dict[str, Any], secrets: tuple[str, ...]) -> list[Written]:
 
 
 def _summary(w: Written) -> str:
-    skipped = f"; {w.skipped} lines skipped (torn or not records: see its Problems view)" if w.skipped else ""
+    skipped = (
+        f"; {w.skipped} lines skipped (torn or not records: see its Discards & failures view)" if w.skipped else ""
+    )
     return f"report: {w.path} ({w.items} lines shown, {w.bytes / 1e6:.1f} MB, {w.seconds:.1f} s){skipped}"
