@@ -74,8 +74,9 @@ function lineChart(series, opts = {}) {
     if (i % step === 0 || i === xs.length - 1) root.append(axisText(px(x), height - m.bottom + 16, String(x)));
   });
   if (opts.xLabel) root.append(axisText((m.left + width) / 2, height - 6, opts.xLabel));
+  const marks = [];
   series.forEach((s, i) => {
-    const cls = "series s" + (i % 8);
+    const cls = "series s" + (i % 8) + (i === 0 ? " first" : "");
     const g = svg("g", { class: cls, data: { series: s.name } });
     if (s.points.length > 1) {
       g.append(svg("polyline", { points: s.points.map((p) => `${px(p[0]).toFixed(1)},${py(p[1]).toFixed(1)}`).join(" ") }));
@@ -89,13 +90,14 @@ function lineChart(series, opts = {}) {
         ),
       );
     }
-    root.append(g);
+    marks.unshift(g); // the first series drawn last, on top of any it coincides with
     const lx = m.left + (i % 3) * 170;
     const ly = height + 8 + Math.floor(i / 3) * 22;
     root.append(
       svg("g", { class: cls + " legend" }, svg("rect", { x: lx, y: ly, width: 12, height: 12, rx: 2 }), axisText(lx + 18, ly + 10, cut(s.name, 22), "start", "label")),
     );
   });
+  root.append(...marks);
   return root;
 }
 
@@ -133,7 +135,7 @@ function histogram(edges, counts, format, opts = {}) {
       ),
     );
   });
-  const labels = counts.length > 10 ? [0, counts.length / 2, counts.length] : counts.map((_, i) => i).concat([counts.length]);
+  const labels = counts.length > 10 || width < 400 ? [0, counts.length / 2, counts.length] : counts.map((_, i) => i).concat([counts.length]);
   for (const i of labels) root.append(axisText(m.left + i * bw, height - m.bottom + 16, format(edges[i])));
   if (opts.xLabel) root.append(axisText((m.left + width) / 2, height - 4, opts.xLabel));
   return root;
