@@ -34,7 +34,7 @@ STATUS_CODES = {"passed": 0, "failed": 1, "timeout": 2, "error": 3, "none": 4}
 SHOWN = {
     "conversations", "check", "usage", "metadata", "completed", "partial", "stop_reason", "api_calls",
     "toolsets_used", "discard_reason", "reward", "passed", "prompt_index", "sample_index", "tools",
-    "tool_stats", "tool_error_counts",
+    "tool_stats", "tool_error_counts", "identity",
 }  # fmt: skip
 
 

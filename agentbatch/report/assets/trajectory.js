@@ -195,6 +195,7 @@ async function renderTrajectory(id, pane) {
         ["toolsets", (p.toolsets_used || []).join(", ")],
         ["tools offered", (p.tools_offered || []).join(", ")],
         ["tool calls", Object.entries(p.tool_stats || {}).map(([n, s]) => `${n} ${s.count}` + (s.failure ? ` (${s.failure} failed)` : "")).join(", ")],
+        ["row identity", typeof p.identity === "string" ? p.identity : null],
         ...other.map(([k, v]) => [k, typeof v === "string" ? v : JSON.stringify(v)]),
         ...Object.entries(p.extra || {}).map(([k, v]) => [k, typeof v === "string" ? v : JSON.stringify(v)]),
       ]),
