@@ -331,6 +331,21 @@ FLAGS: tuple[Flag, ...] = (
         check.name_list,
         kind=str,
     ),
+    Flag(
+        "report",
+        False,
+        "write the run's HTML report to <output_dir>/<run_name>/report.html (docs/report.md); with --run_name alone "
+        "it writes it and exits, with --dataset_file at the end of every session",
+        check.boolean,
+    ),
+    Flag(
+        "compare",
+        None,
+        "runs to show beside --run_name's, side by side, in <output_dir>/<run_name>/compare.html: names under "
+        "--output_dir or run directories (comma-separated); written when --report would be",
+        check.name_list,
+        text=True,
+    ),
 )
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
 

@@ -35,10 +35,8 @@ def run(raw: dict[str, Any]) -> int:
     """Check every flag, then run; returns the exit code."""
     f = flags.parse(raw)
     plugins.load(f["plugins"])  # before anything asks for a tool, a backend, a dataset format or a model
-    if f["export"] and f["dataset_file"] is None:
-        from agentbatch.export import from_flags
-
-        return from_flags.export_only(f)
+    if f["dataset_file"] is None and (f["export"] or f["report"] or f["compare"]):
+        return existing_run(f)
     if f["dataset_file"] is None:
         raise FatalError('--dataset_file is required: a JSONL file with one {"prompt": ...} per line')
     if f["batch_size"] is None:
@@ -153,7 +151,7 @@ def run(raw: dict[str, Any]) -> int:
         )
         # Harbor tasks: each sample's limits, and every image built before any sample starts (docs/harbor.md).
         harbor_run.prepare(entries, run_dir, f, given=set(raw), log=lambda m: print(m, file=sys.stderr))
-        exports = _export_at_end(f, secrets) if f["export"] else None
+        outputs = _at_end(f, secrets) if f["export"] or f["report"] or f["compare"] else None
         session = Session(
             SessionSettings(
                 cfg,
@@ -173,7 +171,7 @@ def run(raw: dict[str, Any]) -> int:
                 progress_seconds=f["progress_seconds"],
                 slots=plan.sessions,
                 priced=priced or reports_cost(base_url),
-                at_end=harbor_run.oracle_summary_at_end(f, run_dir, entries, exports),
+                at_end=harbor_run.oracle_summary_at_end(f, run_dir, entries, outputs),
             )
         )
         # Made before the session runs: local workers start now, while the runner is still one thread.
@@ -181,11 +179,36 @@ def run(raw: dict[str, Any]) -> int:
         return session.run(ex)
 
 
-def _export_at_end(f: dict[str, Any], secrets: tuple[str, ...]):
-    """The exports asked for with a run: written as its session ends, before it lets the run directory go."""
-    from agentbatch.export import from_flags
+def _at_end(f: dict[str, Any], secrets: tuple[str, ...]):
+    """The exports and the report asked for with a run: written as its session ends, before it lets the run
+    directory go."""
 
-    return lambda code: from_flags.after_session(f, secrets, code)
+    def at_end(code: int) -> int:
+        if f["export"]:
+            from agentbatch.export import from_flags
+
+            code = from_flags.after_session(f, secrets, code)
+        if f["report"] or f["compare"]:
+            from agentbatch.report import from_flags as report_flags
+
+            code = report_flags.after_session(f, secrets, code)
+        return code
+
+    return at_end
+
+
+def existing_run(f: dict[str, Any]) -> int:
+    """--run_name without a dataset: export it and/or write its report as it is now, and exit."""
+    if f["export"]:
+        from agentbatch.export import from_flags
+
+        from_flags.export_only(f)
+    if f["report"] or f["compare"]:
+        from agentbatch.report import from_flags as report_flags
+
+        env = tuple(v for k, v in os.environ.items() if secrets_guard.looks_secret(k))
+        report_flags.report_only(f, (*env, f["api_key"]) if f["api_key"] else env)
+    return 0
 
 
 def distributions_text(raw: dict[str, Any]) -> str:
