@@ -227,13 +227,14 @@ def build_record(
     identity: str | None = None,
     tool_names: Iterable[str] = ALL_TOOL_NAMES,
     task: dict | None = None,
+    duration_seconds: float | None = None,
 ) -> dict:
     """One trajectory line; every line of a run has the same keys and nested shape, so `datasets` loads any mix.
 
     `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()); `identity` is the
     row's (dataset.task_identity), which the runner always gives; `tool_names` are the run's tools, each with
     its entry in `tool_stats` and `tool_error_counts`; `task` is a Harbor task's name, difficulty, category
-    and tags.
+    and tags; `duration_seconds` how long the sample ran, from its sandbox's check to its own check's end.
     """
     conversations = to_conversations(messages)
     stats = tool_stats_of(messages, tool_names)
@@ -257,6 +258,7 @@ def build_record(
             # Always a float, 0.0 when unknown: `datasets` fixes a column's type from the first lines it reads.
             "cost": float(usage.get("cost") or 0.0),
         },
+        **({"duration_seconds": round(float(duration_seconds), 3)} if duration_seconds is not None else {}),
         "tools": _schemas_text(tool_schemas),
     }
 
@@ -291,6 +293,7 @@ VALUE_KINDS: dict[str, bytes] = {
     "identity": b'"identity": "',
     "rewards": b'"rewards": ',
     "task": b'"task": {"name": ',
+    "duration": b'"duration_seconds": ',
 }
 
 
@@ -308,6 +311,7 @@ def shown_kinds(record: dict) -> set[str]:
         "identity": isinstance(record.get("identity"), str),
         "rewards": check is not None and check.get("rewards") is not None,
         "task": isinstance(record.get("task"), dict) and record["task"].get("name") is not None,
+        "duration": isinstance(record.get("duration_seconds"), int | float),
     }
     return {kind for kind, yes in shown.items() if yes}
 

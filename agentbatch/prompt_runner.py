@@ -102,6 +102,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             identity=task.identity,
             tool_names=cfg.tool_set.names,
             task=task.metadata,
+            duration_seconds=time.monotonic() - start,
         )
         outcome.record = record
         if cfg.require_reasoning and not any(

@@ -122,7 +122,9 @@ def test_the_fields_a_runner_adds_are_found_as_the_line_holds_them():
     records = [regular(i) for i in range(5)]
     records[1]["check"] = {"status": "passed", "exit_code": 0, "output": "ok ✓ \\ud800", "seconds": 1.5}
     records[2]["check"] = None
+    records[2]["duration_seconds"] = 12.5
     del records[3]["check"]
+    records[3]["duration_seconds"] = 0.001
     for t in records[4]["conversations"]:
         if t["from"] == "gpt":
             t["logprobs"] = {"content": [{"token": "é", "logprob": -0.5, "top_logprobs": []}]}

@@ -140,6 +140,7 @@ if msgspec is not None:
         # Beyond the schema's, on every line of a current run: its only extra fields, in this order.
         identity: _Raw = _Raw()
         check: _Raw = _Raw()
+        duration_seconds: _Raw = _Raw()
 
     _LINE = msgspec.json.Decoder(_Line)
     _OBJECT = msgspec.json.Decoder(dict[str, _Raw] | None)
@@ -162,6 +163,9 @@ def scan(line: bytes, run: Layout) -> Scan:
         return _PYTHON  # --export_no_tool_errors sums every key
     try:
         extra = _extra_text("check", known.check)
+        if known.duration_seconds:  # a different number on every line: not kept, put after the check's
+            duration = f'"duration_seconds": {json.dumps(_value(known.duration_seconds))}'
+            extra = f"{extra[:-1]}, {duration}}}" if extra else f"{{{duration}}}"
         if known.identity:  # a different text on every line: not kept, put before the check's
             identity = f'"identity": {json.dumps(_value(known.identity), ensure_ascii=False)}'
             extra = f"{{{identity}, {extra[1:]}" if extra else f"{{{identity}}}"
