@@ -199,15 +199,16 @@ def _at_end(f: dict[str, Any], secrets: tuple[str, ...]):
 
 def existing_run(f: dict[str, Any]) -> int:
     """--run_name without a dataset: export it and/or write its report as it is now, and exit."""
+    env = tuple(v for k, v in os.environ.items() if secrets_guard.looks_secret(k))
+    secrets = (*env, f["api_key"]) if f["api_key"] else env  # lines were redacted when written: again, to be sure
     if f["export"]:
         from agentbatch.export import from_flags
 
-        from_flags.export_only(f)
+        from_flags.export_only(f, secrets)
     if f["report"] or f["compare"]:
         from agentbatch.report import from_flags as report_flags
 
-        env = tuple(v for k, v in os.environ.items() if secrets_guard.looks_secret(k))
-        report_flags.report_only(f, (*env, f["api_key"]) if f["api_key"] else env)
+        report_flags.report_only(f, secrets)
     return 0
 
 

@@ -20,8 +20,6 @@ from agentbatch.sandboxes.base import SandboxError
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import cap_output
 
-# check.status, one value per way a check can end: no check, a result (passed, failed), or no result.
-CHECK_STATUSES = ("none", "passed", "failed", "timeout", "error")
 MAX_CHECK_OUTPUT = 4000  # characters of the verify command's output kept in the trajectory (head and tail)
 
 

@@ -57,8 +57,12 @@ def test_parquet_carries_old_and_new_fields_in_one_schema(exported, tmp_path):
         assert row["reward"] == record.get("reward") and row["passed"] == record.get("passed")
         assert row["usage"]["cost"] == record["usage"].get("cost")
         assert row["sample_index"] == record["sample_index"]
-        extra = {"identity": record["identity"], "check": record["check"]}
-        assert json.loads(row["extra"]) == extra, "only its row's identity and check lie outside the columns"
+        extra = {
+            "identity": record["identity"],
+            "check": record["check"],
+            "duration_seconds": record["duration_seconds"],
+        }
+        assert json.loads(row["extra"]) == extra, "only its row's identity, check and duration lie outside the columns"
         for cell, turn in zip(row["conversations"], record["conversations"], strict=True):
             assert (json.loads(cell["extra"]) if cell["extra"] else {}) == (
                 {"logprobs": turn["logprobs"]} if "logprobs" in turn else {}

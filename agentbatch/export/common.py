@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from agentbatch.run_dir import lines
 from agentbatch.run_dir.answers import answer_key
@@ -215,15 +216,43 @@ class ExportContext:
     tool_names: tuple[str, ...] = ALL_TOOL_NAMES  # the run's tools (tools.json): the built-ins and its own
 
 
-class FormatWriter(Protocol):
-    """One export format: records go in one at a time; finish() writes what is left and returns its counts."""
+class FormatWriter(ABC):
+    """One export format, written into the folder `out` (swapped in whole once finish() returns).
 
+    Records go in one at a time (add, with the line as read); finish() writes what is left and returns its
+    counts for export/report.json. Two capabilities a format may declare: `reads_lines`, it reads the batch
+    files' lines itself, a block at a time (add_lines: faster than parsing each line here; used when it is
+    the only format asked for), and `takes_all_outcomes`, it is also given the discarded lines and the last
+    failed attempt of each prompt nothing answers (a viewer's log shows every sample).
+    """
+
+    reads_lines = False
+    takes_all_outcomes = False
+    BLOCK_BYTES = 0  # with reads_lines: the bytes of lines in one block
+
+    def __init__(self, out: Path, ctx: ExportContext):
+        self.out, self.ctx = out, ctx
+
+    @abstractmethod
     def add(self, record: dict, raw: bytes = b"") -> None: ...
 
+    @abstractmethod
     def finish(self) -> dict[str, Any]: ...
 
+    def add_lines(self, blocks: Iterator[tuple[list[bytes], list[int]]], filters: Filters, counts: ReadCounts) -> int:
+        """With reads_lines: every line of the blocks, filtered here; how many were kept."""
+        raise TypeError(f"{type(self).__name__} does not read lines itself")
 
-class JsonlWriter:
+    def add_discarded(self, line: dict) -> None:
+        """With takes_all_outcomes: a line of discarded.jsonl."""
+        raise TypeError(f"{type(self).__name__} does not take discarded lines")
+
+    def add_failed(self, line: dict) -> None:
+        """With takes_all_outcomes: the last failed attempt of a prompt no line answers."""
+        raise TypeError(f"{type(self).__name__} does not take failed attempts")
+
+
+class JsonlWriter(FormatWriter):
     """A format of one JSON line per trajectory in `file` plus its dataset card. A format is data: its
     `features`, how a record becomes a line (`to_line`, a staticmethod) and its card's text (`card_text`, with
     {run_name}, {written} and {file} filled in)."""
@@ -234,7 +263,7 @@ class JsonlWriter:
     to_line: Callable[[dict], dict]
 
     def __init__(self, out: Path, ctx: ExportContext):
-        self.out, self.ctx = out, ctx
+        super().__init__(out, ctx)
         self.f = open(out / self.file, "w", encoding="utf-8", errors="backslashreplace")
         self.written = 0
 
@@ -242,7 +271,10 @@ class JsonlWriter:
         return self.card_text.format(run_name=self.ctx.run_name, written=self.written, file=self.file)
 
     def add(self, record: dict, raw: bytes = b"") -> None:
-        write_jsonl_line(self.f, self.to_line(record))
+        self.write(self.to_line(record))
+
+    def write(self, line: dict) -> None:
+        write_jsonl_line(self.f, line)
         self.written += 1
 
     def finish(self) -> dict:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agentbatch.export import parquet_columns as columns
-from agentbatch.export.common import ExportContext, Filters, SourceCounts, parse_line, write_card
+from agentbatch.export.common import ExportContext, Filters, FormatWriter, SourceCounts, parse_line, write_card
 from agentbatch.export.dataset_card import CardStats, card_body
 from agentbatch.export.parquet_lines import Block, read_block, scan
 from agentbatch.export.parquet_rows import layout, line_extra, python_rows, turn_extras, typed_rows
@@ -45,11 +45,12 @@ class _Part:
     records: list[dict | None] = field(default_factory=list)  # parsed already, or None
 
 
-class Writer:
+class Writer(FormatWriter):
+    reads_lines = True
     BLOCK_BYTES = BATCH_SOURCE_BYTES  # lines read per block: with no filter, a block is a row group
 
     def __init__(self, out: Path, ctx: ExportContext):
-        self.out, self.ctx = out, ctx
+        super().__init__(out, ctx)
         self.layout = layout(tuple(ctx.tool_names))  # the run's tools: the built-ins and its own
         (out / "data").mkdir()
         self.stats = CardStats()

@@ -66,7 +66,7 @@ def _export(source: RunSource, run_name: str, formats: tuple[str, ...], filters:
             module = importlib.import_module(f"agentbatch.export.{FORMATS[fmt][0]}")
             writers[fmt] = module.Writer(tmp, ctx)
         (only,) = writers.values() if len(writers) == 1 else (None,)
-        if hasattr(only, "add_lines"):  # a format that reads the lines itself, faster than parsing each here
+        if only is not None and only.reads_lines:  # it reads the lines itself, faster than parsing each here
             kept = only.add_lines(source.line_blocks(only.BLOCK_BYTES), filters, source.counts)
         else:
             for record, raw in source.trajectories():
@@ -77,7 +77,7 @@ def _export(source: RunSource, run_name: str, formats: tuple[str, ...], filters:
                 kept += 1
                 for w in writers.values():
                     w.add(record, raw)
-        viewers = [w for w in writers.values() if getattr(w, "takes_all_outcomes", False)]
+        viewers = [w for w in writers.values() if w.takes_all_outcomes]
         if viewers:
             for line in source.discarded():
                 for w in viewers:
