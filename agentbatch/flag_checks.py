@@ -48,7 +48,13 @@ def whole(minimum: int, maximum: int):
     return number(minimum, maximum, "a whole number", whole=True)
 
 
+def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    """An integer flag from `minimum` to 2**31 - 1."""
+    return whole(minimum, 2**31 - 1)(name, value)
+
+
 seconds = number(0, MAX_SECONDS, "a number of seconds", above=True)
+positive_float = number(0, 1e9, "a number", above=True)  # a flag of no unit of its own
 usd = number(0, numbers.MAX_USD, "an amount of USD", above=True)
 price = number(0, MAX_PRICE, "a price in USD per million tokens")
 
@@ -85,18 +91,10 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str | None:
     return value
 
 
-SANDBOXES = ("bwrap", "local", "docker")
-
-
-def sandbox_kind(name: str, flag_value: Any) -> str:
-    """--sandbox, else TERMINAL_ENV, else auto (bwrap where it works); a wrong value names where it came from."""
-    env_value = os.environ.get("TERMINAL_ENV")
-    if flag_value is not None:
-        return choice(name, str(flag_value).strip().lower(), SANDBOXES)
-    kind = (env_value or "").strip().lower() or "auto"
-    if kind not in (*SANDBOXES, "auto"):
-        raise FatalError(f"TERMINAL_ENV must be {', '.join(SANDBOXES)}, got {env_value!r}; unset it or pass --sandbox")
-    return kind
+def sandbox_kind(name: str, value: Any) -> str | None:
+    """--sandbox, as a backend's name (None: not given); sandboxes/choice.py checks it against the registered
+    ones once the run's plug-ins are loaded, and decides."""
+    return None if value is None else str(value).strip().lower()
 
 
 def network(name: str, value: Any) -> bool:

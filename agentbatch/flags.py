@@ -15,7 +15,6 @@ from agentbatch import flag_checks as check
 from agentbatch.errors import FatalError
 from agentbatch.export import check_formats
 from agentbatch.model import numbers
-from toolset_distributions import TOOLSETS, Distribution, UnknownDistribution, get_distribution
 
 Check = Callable[[str, Any], Any]
 # Samples in flight (and sandboxes started at once): capacity.py finds how many this machine can hold.
@@ -39,19 +38,12 @@ def _int(minimum: int, maximum: int = 2**31 - 1) -> Check:
     return check.whole(minimum, maximum)
 
 
-def _toolsets(name: str, value: Any) -> tuple[str, ...]:
-    names = check.name_list(name, value)
-    unknown = [n for n in names if n not in TOOLSETS]
-    if unknown:
-        raise FatalError(f"--{name}: unknown toolset {unknown[0]!r}; choose from {', '.join(TOOLSETS)}")
-    return names
-
-
-def _distribution(name: str) -> Distribution:
-    try:
-        return get_distribution(name)
-    except UnknownDistribution as e:
-        raise FatalError(str(e)) from None
+def _distribution(name: str, value: Any) -> str:
+    """The name; which distributions exist is known once --distributions_file is read (tool_set.distributions)."""
+    text = str(value).strip()
+    if not text:
+        raise FatalError(f"--{name} is empty; see --list_distributions")
+    return text
 
 
 def _seed(name: str, value: Any) -> int | None:
@@ -98,11 +90,26 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("batch_size", None, "prompts per batch file", _optional(_int(1, 10**9)), shown_default="required", kind=int),
     _t("run_name", None, "output goes to <output_dir>/<run_name>/", _optional(check.run_name), shown="required"),
+    _t("distribution", "default", "toolset distribution, see --list_distributions", _distribution),
+    Flag(
+        "tools",
+        None,
+        "your own tool modules: Python modules or .py files (comma-separated) of `@tool` functions, each module a "
+        "toolset (see docs/tools.md)",
+        check.name_list,
+        kind=str,
+    ),
     _t(
-        "distribution",
-        "default",
-        "toolset distribution, see --list_distributions",
-        lambda n, v: _distribution(str(v)),
+        "mcp_config",
+        None,
+        "an mcp.json of MCP servers (stdio or Streamable HTTP) whose tools the run offers, each server a toolset "
+        "(see docs/tools.md)",
+    ),
+    _t(
+        "distributions_file",
+        None,
+        "a JSON or YAML file of distributions (toolset: percent) added to the built-ins, or replacing one of the "
+        "same name (see docs/tools.md)",
     ),
     _t("model", "anthropic/claude-sonnet-4.6", "model name at the endpoint; `local` runs the embedded model offline"),
     _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint", check.base_url),
@@ -253,6 +260,12 @@ FLAGS: tuple[Flag, ...] = (
         check.boolean,
     ),
     Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.seconds),
+    Flag(
+        "timeout_multiplier",
+        1.0,
+        "scales each Harbor task's own agent, verifier and build timeouts (slow machines)",
+        check.number(0, 100, "a factor", above=True),
+    ),
     Flag("logprobs", False, "ask for token log probabilities and store them with each assistant turn", check.boolean),
     Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int),
     _t(
@@ -329,7 +342,7 @@ FLAGS: tuple[Flag, ...] = (
         "export_toolsets",
         None,
         "export only trajectories that were offered all these toolsets (comma-separated)",
-        _toolsets,
+        check.name_list,
         kind=str,
     ),
     Flag("export_passed_only", False, "export only trajectories whose check passed (`passed: true`)", check.boolean),
@@ -340,6 +353,21 @@ FLAGS: tuple[Flag, ...] = (
         "the run uses, besides installed plug-ins (see docs/plugins.md)",
         check.name_list,
         kind=str,
+    ),
+    Flag(
+        "report",
+        False,
+        "write the run's HTML report to <output_dir>/<run_name>/report.html (docs/report.md); with --run_name alone "
+        "it writes it and exits, with --dataset_file at the end of every session",
+        check.boolean,
+    ),
+    Flag(
+        "compare",
+        None,
+        "runs to show beside --run_name's, side by side, in <output_dir>/<run_name>/compare.html: names under "
+        "--output_dir or run directories (comma-separated); written when --report would be",
+        check.name_list,
+        text=True,
     ),
 )
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}

@@ -2,7 +2,8 @@
 
 The agent loop checks them before each model call and stops the session as `partial` with the limit as its
 `stop_reason` (time, tokens, cost). The deadline also cuts what is running when it comes: a model call's
-timeout and a command's timeout are never longer than the time left, so nothing outlives the session.
+timeout and every tool's (each `*_timeout` a tool reads from `ToolContext.settings` is cut to `time_left()`)
+are never longer than the time left, so nothing outlives the session.
 """
 
 from __future__ import annotations

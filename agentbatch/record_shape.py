@@ -16,10 +16,6 @@ _COUNTS = ("count", "success", "failure")
 _TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
-def _whole(value: Any) -> bool:
-    return type(value) is int  # not bool, which is an int too
-
-
 def trajectory_problem(record: Any) -> str | None:
     """Why a parsed batch or discarded.jsonl line is not a trajectory line, or None when it is one.
 
@@ -42,7 +38,7 @@ def trajectory_problem(record: Any) -> str | None:
     for key in ("prompt_index", "api_calls", "sample_index"):
         if key in record and type(record[key]) is not int:
             return f"{key} is not a whole number"
-    for key in ("stop_reason", "tools", "discard_reason"):
+    for key in ("stop_reason", "tools", "discard_reason", "identity"):
         value = record.get(key)
         if value is not None and type(value) is not str:
             return f"{key} is not a string"

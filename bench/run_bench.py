@@ -11,6 +11,8 @@
                                               # 11p: what the probe costs an endpoint without limits)
     python bench/run_bench.py --only 12       # sandbox starts paced apart, against the engine's best parallelism
     python bench/run_bench.py --only 13       # per-prompt cost of the bwrap, local and docker sandboxes
+    python bench/run_bench.py --only 14       # what a call of an MCP tool costs the runner (bench_mcp.py)
+    python bench/run_bench.py --only 15       # --report over 100,000 lines: size, time to write, first paint in Chromium
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -28,7 +30,9 @@ import time
 
 import psutil
 from bench_export import bench_export
+from bench_mcp import bench_mcp
 from bench_rate_limit import bench_probe_cost, bench_rate_limit
+from bench_report import bench_report
 from bench_resume import bench_resume
 from bench_sandbox_starts import bench_sandbox_starts
 from bench_sandboxes import bench_sandboxes
@@ -117,7 +121,8 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="1,2,3,4,5,8,9,10,10b",
-        help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export, 11-12 limits, 13 sandboxes; 1b, 10b: one run)",
+        help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export, 11-12 limits, 13 sandboxes, 14 MCP, "
+        "15 report; 1b, 10b: one run)",
     )
     which = {w.strip() for w in parser.parse_args().only.split(",") if w.strip()}
     OUT.mkdir(parents=True, exist_ok=True)
@@ -152,6 +157,10 @@ def main() -> int:
         bench_sandbox_starts(results)
     if "13" in which:
         bench_sandboxes(results)
+    if "14" in which:
+        bench_mcp(results)
+    if "15" in which:
+        bench_report(results)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

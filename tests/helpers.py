@@ -9,10 +9,11 @@ from collections import Counter
 from scripted_server import MODEL_ID, ScriptedServer
 
 from agentbatch.model.client import ModelSettings
-from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.prompt_runner import Clients, run_prompt
 from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.settings import ToolSettings
+from agentbatch.work import PromptOutcome, PromptTask, RunConfig
 
 API_KEY = "sk-test-0000"
 

@@ -147,3 +147,12 @@ def test_a_rate_limited_endpoint_fails_no_prompt_and_mostly_sees_accepted_reques
     sent = stats["accepted"] + stats["refused"]
     assert stats["accepted"] == 120
     assert stats["refused"] / sent < 0.3, f"{stats['refused']} of {sent} requests answered 429"
+
+
+def test_a_probe_whose_first_answer_is_slow_keeps_admitting_calls():
+    # The embedded model's first answer can take minutes on a loaded machine: the window then is wide open,
+    # not a float overflow that failed every waiting call as an internal error.
+    from agentbatch.model.rate_limit import _probe_wait
+
+    for elapsed in (30.0, 600.0, 1e6):
+        assert _probe_wait(in_flight=500, waiting=10, elapsed=elapsed, share=1.0) is None

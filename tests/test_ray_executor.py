@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 from scripted_server import ScriptedServer  # noqa: E402
 
 from agentbatch.model.client import ModelSettings  # noqa: E402
-from agentbatch.prompt_runner import PromptTask, RunConfig  # noqa: E402
 from agentbatch.tools.settings import ToolSettings  # noqa: E402
+from agentbatch.work import PromptTask, RunConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
-from agentbatch.prompt_runner import PromptOutcome, PromptTask
+from agentbatch.work import PromptOutcome, PromptTask
 
 # Asked before each prompt is handed out (the run's budget): False keeps the slot empty for now.
 Admit = Callable[[], bool]

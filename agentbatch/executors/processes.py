@@ -24,10 +24,11 @@ import threading
 from collections.abc import Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 
-from agentbatch import plugins, process_guard
+from agentbatch import plugins, process_guard, run_tools
 from agentbatch.executors.base import Admit, Slots, lost
-from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.prompt_runner import Clients, run_prompt
 from agentbatch.tools.registry import load_tools
+from agentbatch.work import PromptOutcome, PromptTask, RunConfig
 
 _POLL_SECONDS = 0.5
 _STOP = None  # the message that tells a worker's threads to finish
@@ -42,6 +43,7 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
         conn.close()
     _name_process("br-worker")
     plugins.load(cfg.plugins)  # a forked worker has them already; a spawned one imports them here
+    run_tools.install(cfg.tool_set)  # the MCP servers' tools, as the runner listed them at start
     clients = Clients.for_config(cfg)  # one connection per thread, one TLS context for all
     # The imported modules are tens of thousands of objects that live as long as the process; a full
     # collection walks them all and pauses every thread of the worker (bench/RESULTS.md).

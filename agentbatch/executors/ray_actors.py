@@ -28,9 +28,10 @@ from collections.abc import Iterable, Iterator
 import ray
 from ray.exceptions import RayActorError, RayError
 
-from agentbatch import plugins, process_guard
+from agentbatch import plugins, process_guard, run_tools
 from agentbatch.executors.base import Admit, Slots, lost
-from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.prompt_runner import Clients, run_prompt
+from agentbatch.work import PromptOutcome, PromptTask, RunConfig
 
 _POLL_SECONDS = 0.5
 
@@ -43,6 +44,7 @@ class PromptActor:
         process_guard.guard_worker(cfg.secrets, die_with_parent=False)  # Ray, not its parent, ends an actor
         self.cfg = cfg
         plugins.load(cfg.plugins)  # the files a run named must exist on the actor's node too
+        run_tools.install(cfg.tool_set)  # the MCP servers' tools, as the runner listed them at start
         self.clients = Clients.for_config(cfg)
 
     def run(self, task: PromptTask) -> PromptOutcome:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from agentbatch.flags import FatalError
+from agentbatch.errors import FatalError
 
 log = logging.getLogger("batch_runner")
 

@@ -235,7 +235,8 @@ def _probe_wait(in_flight: int, waiting: int, elapsed: float, share: float) -> f
     of hundreds of waiting threads wakes about once instead of all of them at every widening.
     """
     base = PROBE_WINDOW * share
-    if in_flight < max(1.0, base * 2 ** (elapsed / PROBE_DOUBLING)):
+    # Capped: an endpoint whose first answer takes over 25 s would make 2 ** (elapsed / 0.025) overflow a float.
+    if in_flight < max(1.0, base * 2 ** min(elapsed / PROBE_DOUBLING, 64)):
         return None
     # The window holds n calls once base * 2 ** (t / PROBE_DOUBLING) reaches n.
     return max(0.001, PROBE_DOUBLING * math.log2((in_flight + waiting + 1) / base) - elapsed)
