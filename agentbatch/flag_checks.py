@@ -286,6 +286,23 @@ def prefill_messages(name: str, path: Any) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in data]
 
 
+def input_file(name: str, value: Any) -> str | None:
+    """A file the run reads whole at start (--mcp_config, --distributions_file): a regular file of at most
+    MAX_FLAG_FILE_BYTES; a missing one is left to its reader, which names it."""
+    if value is None:
+        return None
+    path = str(value)
+    try:
+        info = os.stat(path)
+    except OSError:
+        return path
+    if not stat.S_ISREG(info.st_mode):
+        raise FatalError(f"--{name} {path} is not a regular file (a directory, device or FIFO)")
+    if info.st_size > MAX_FLAG_FILE_BYTES:
+        raise FatalError(f"--{name} {path} is over {MAX_FLAG_FILE_BYTES // (1024 * 1024)} MiB")
+    return path
+
+
 def input_path(name: str, value: Any) -> str | None:
     """A file or directory the run reads (the dataset): not a device, FIFO or socket, which would never end."""
     if value is None:

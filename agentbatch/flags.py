@@ -104,12 +104,14 @@ FLAGS: tuple[Flag, ...] = (
         None,
         "an mcp.json of MCP servers (stdio or Streamable HTTP) whose tools the run offers, each server a toolset "
         "(see docs/tools.md)",
+        check.input_file,
     ),
     _t(
         "distributions_file",
         None,
         "a JSON or YAML file of distributions (toolset: percent) added to the built-ins, or replacing one of the "
         "same name (see docs/tools.md)",
+        check.input_file,
     ),
     _t("model", "anthropic/claude-sonnet-4.6", "model name at the endpoint; `local` runs the embedded model offline"),
     _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint", check.base_url),
@@ -439,8 +441,9 @@ def reference_page() -> str:
         "bounds (seconds at most a week, `--max_retries` at most 100, sizes at most 16384g and in ASCII digits,\n"
         "prices and budgets finite); URLs (`--base_url`, `--image_base_url`, `--ray_address`) parse, with a port\n"
         "from 1 to 65535, in printable ASCII and without credentials (the key goes in `--api_key`, which must be\n"
-        "printable ASCII without spaces); files named by flags are regular files (the prefill file at most\n"
-        "16 MiB; a device or FIFO as the dataset or local model is refused).\n"
+        "printable ASCII without spaces); files named by flags are regular files (the prefill file,\n"
+        "`--mcp_config` and `--distributions_file` at most 16 MiB; a device or FIFO as the dataset or local model\n"
+        "is refused).\n"
     )
 
 
