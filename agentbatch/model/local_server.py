@@ -108,7 +108,11 @@ def serve(model_path: str | None, verbose: bool = False) -> Iterator[str]:
             break
         _stop(proc)
         _remove(log_path)
-        print("local model: this CPU's repacked-weight instructions do not run here; repacking off", file=sys.stderr)
+        print(
+            "warning: the local model server died of SIGILL: this CPU's instructions for repacked weights (AMX?) "
+            "do not run here; it runs without repacking",
+            file=sys.stderr,
+        )
     try:
         print(f"local model: {os.path.basename(model)} at {base_url}", file=sys.stderr)
         yield base_url
