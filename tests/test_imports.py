@@ -28,7 +28,9 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             # `from package import module` imports the module, and runs the package's __init__ first: an edge to
             # both (a package whose __init__ imports its modules while they import it is a cycle, if a hidden one).
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names] + [base]
