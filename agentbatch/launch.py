@@ -169,7 +169,7 @@ def run(raw: dict[str, Any]) -> int:
                     f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
                 ),
                 progress_seconds=f["progress_seconds"],
-                slots=plan.sessions,
+                slots=plan.slots,
                 priced=priced or reports_cost(base_url),
                 at_end=harbor_run.oracle_summary_at_end(f, run_dir, entries, outputs),
             )
@@ -232,12 +232,12 @@ def sandbox_starts(total: int | None, processes: int) -> int:
 
 
 def layout(num_workers: int, concurrency: int | None, ray_address: str | None) -> capacity.Plan:
-    """Processes × threads for `concurrency` (else `num_workers`) sessions: a worker is one session."""
-    sessions = concurrency or num_workers
+    """Worker processes × slots for `concurrency` (else `num_workers`) samples in flight, one per slot."""
+    slots = concurrency or num_workers
     if ray_address:
-        # A cluster has more cores than this machine: actors of SESSIONS_PER_PROCESS threads, spread over it.
-        return capacity.plan(sessions, cores=capacity.MAX_PROCESSES)
-    plan = capacity.plan(sessions)
+        # A cluster has more cores than this machine: actors of SLOTS_PER_PROCESS threads, spread over it.
+        return capacity.plan(slots, cores=capacity.MAX_PROCESSES)
+    plan = capacity.plan(slots)
     capacity.reserve(plan)
     return plan
 
@@ -250,4 +250,4 @@ def executor(cfg: RunConfig, plan: capacity.Plan, ray_address: str | None) -> Ex
         return RayExecutor(cfg, ray_address, plan.processes, plan.threads)
     from agentbatch.executors.processes import LocalExecutor
 
-    return LocalExecutor(cfg, plan.processes, plan.threads, plan.sessions)
+    return LocalExecutor(cfg, plan.processes, plan.threads, plan.slots)

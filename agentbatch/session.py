@@ -34,7 +34,7 @@ from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
 from agentbatch.tool_set import ToolSet
 from agentbatch.tools.registry import load_tools, unavailable_tools
-from agentbatch.work import PromptOutcome, PromptTask, RunConfig, now_iso
+from agentbatch.work import RunConfig, SampleOutcome, SampleTask, now_iso
 from toolset_distributions import Distribution, prompt_rng, sample_toolsets
 
 log = logging.getLogger("batch_runner")
@@ -96,7 +96,7 @@ class Session:
         self.recorder = Recorder(self.files, facts, self.tally.add_trajectory)
         self.budget: Budget | None = None
         self.view: Progress | None = None
-        self._in_flight: dict[tuple[int, int], PromptTask] = {}
+        self._in_flight: dict[tuple[int, int], SampleTask] = {}
         self._stop = threading.Event()
         self._kinds: set[str] = set()  # the sandbox kinds this session may create
         self._first_batch = 0
@@ -189,14 +189,14 @@ class Session:
                 raise _WriteFailed(e) from e
             self._finished(outcome)
 
-    def _tasks(self, remaining: list[tuple[int, Entry, int]]) -> Iterator[PromptTask]:
+    def _tasks(self, remaining: list[tuple[int, Entry, int]]) -> Iterator[SampleTask]:
         s = self.s
         for j, (i, e, sample) in enumerate(remaining):
             # Drawn from the prompt's index alone: every sample of a prompt gets the same tools, so its
             # samples differ only by the model's own variation (what pass@k measures).
             toolsets = sample_toolsets(s.distribution, prompt_rng(s.seed, i))
             batch = self._first_batch + j // s.batch_size
-            task = PromptTask(
+            task = SampleTask(
                 i,
                 e.prompt,
                 batch,
@@ -225,7 +225,7 @@ class Session:
             self._stop.set()
         return False
 
-    def _finished(self, o: PromptOutcome) -> None:
+    def _finished(self, o: SampleOutcome) -> None:
         """An outcome recorded: its spend counts against the budget, and the live view shows it."""
         if self.budget is not None:
             self.budget.add(o.usage)

@@ -46,7 +46,7 @@ class RunConfig:
 
 
 @dataclass
-class PromptTask:
+class SampleTask:
     """A sample to run: its prompt's dataset position, its sample number, batch, toolsets, sandbox and check."""
 
     index: int
@@ -70,7 +70,7 @@ class PromptTask:
 
 
 @dataclass
-class PromptOutcome:
+class SampleOutcome:
     """How a prompt ended: "done" with a record, "discarded" with a record and reason, or "failed" with an error."""
 
     index: int

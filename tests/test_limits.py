@@ -16,7 +16,7 @@ from fake_site import FakeSite, trickle_reply
 from helpers import make_ctx
 from scripted_server import ScriptedServer
 
-from agentbatch.limits import PromptLimits, SessionLimits
+from agentbatch.limits import PromptLimits, SampleLimits
 from agentbatch.model.client import ModelSettings
 from agentbatch.tools.settings import ToolSettings
 
@@ -105,12 +105,12 @@ def test_every_timeout_a_tool_reads_from_its_context_is_cut_to_the_time_the_prom
     settings = ToolSettings(command_timeout=60, request_timeout=120, web_timeout=30, max_output_chars=7)
     ctx = make_ctx(settings)
     assert ctx.settings is settings  # no time limit: the settings as they are
-    ctx.limits = SessionLimits(PromptLimits(seconds=5))
+    ctx.limits = SampleLimits(PromptLimits(seconds=5))
     cut = ctx.settings
     assert max(cut.command_timeout, cut.request_timeout, cut.web_timeout) <= 5
     assert min(cut.command_timeout, cut.request_timeout, cut.web_timeout) > 4
     assert cut.max_output_chars == 7 and cut.private_networks == settings.private_networks
-    ctx.limits = SessionLimits(PromptLimits(seconds=5), start=time.monotonic() - 6)  # the time is up
+    ctx.limits = SampleLimits(PromptLimits(seconds=5), start=time.monotonic() - 6)  # the time is up
     assert ctx.settings.command_timeout == ctx.settings.web_timeout == 0
 
 

@@ -22,7 +22,7 @@ from scripted_server import ScriptedServer  # noqa: E402
 
 from agentbatch.model.client import ModelSettings  # noqa: E402
 from agentbatch.tools.settings import ToolSettings  # noqa: E402
-from agentbatch.work import PromptTask, RunConfig  # noqa: E402
+from agentbatch.work import RunConfig, SampleTask  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +112,7 @@ def config(base_url: str) -> RunConfig:
 def tasks(n: int, pulled: list[int]):
     for i in range(n):
         pulled.append(i)
-        yield PromptTask(i, f"task {i}", 0, ["file"])
+        yield SampleTask(i, f"task {i}", 0, ["file"])
 
 
 def test_stop_event_stops_dispatch(local_ray):

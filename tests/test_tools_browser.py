@@ -23,7 +23,7 @@ from fake_site import FakeSite, html_reply
 from helpers import make_ctx as context
 from scripted_server import PNG_BYTES, ScriptedServer
 
-from agentbatch.limits import PromptLimits, SessionLimits
+from agentbatch.limits import PromptLimits, SampleLimits
 from agentbatch.tools import browser as tools_browser
 from agentbatch.tools import browser_session
 from agentbatch.tools.context import ToolContext
@@ -268,7 +268,7 @@ def test_the_prompts_time_limit_cuts_a_hanging_page_and_a_hung_renderer(site):
     ctx = make_ctx(command_timeout=60)  # without the prompt's limit: 30 s a navigation, 40 s a hang
     try:
         ok(ctx, "browser_navigate", url=f"{site}/page2.html")  # the browser starts before the clock does
-        ctx.limits = SessionLimits(PromptLimits(seconds=3))
+        ctx.limits = SampleLimits(PromptLimits(seconds=3))
         start = time.monotonic()
         stalled = call(ctx, "browser_navigate", url=f"{site}/stall")
         assert time.monotonic() - start < 3 + 5, "generous for a loaded machine, far below 30 s"
@@ -276,7 +276,7 @@ def test_the_prompts_time_limit_cuts_a_hanging_page_and_a_hung_renderer(site):
         assert cut and int(cut.group(1)) <= 3000, stalled
         ok(ctx, "browser_navigate", url=f"{site}/spin.html")
         time.sleep(1)  # the page's script loop has started
-        ctx.limits = SessionLimits(PromptLimits(seconds=2))
+        ctx.limits = SampleLimits(PromptLimits(seconds=2))
         start = time.monotonic()
         hung = call(ctx, "browser_snapshot")
         assert time.monotonic() - start < 2 + browser_session.DEADLINE_GRACE + 5

@@ -10,7 +10,7 @@ import pytest
 from helpers import gpt_turns, model_settings, run_agent_once, tool_turns
 from scripted_server import ScriptedServer
 
-from agentbatch.prompt_runner import Clients
+from agentbatch.sample_runner import Clients
 from agentbatch.tools.registry import offered_tools
 from agentbatch.tools.settings import ToolSettings
 from agentbatch.work import RunConfig

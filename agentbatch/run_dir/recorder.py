@@ -19,7 +19,7 @@ from agentbatch.work import now_iso
 from trajectory import no_task, with_tool_names
 
 if TYPE_CHECKING:
-    from agentbatch.work import PromptOutcome, PromptTask
+    from agentbatch.work import SampleOutcome, SampleTask
 
 CHECKPOINT_SECONDS = 2.0
 
@@ -51,7 +51,7 @@ class Recorder:
         self.files.prepare()
         self.previous = read_json(self.files.paths.path(CHECKPOINT)) or {}
 
-    def record(self, o: PromptOutcome, task: PromptTask | None) -> None:
+    def record(self, o: SampleOutcome, task: SampleTask | None) -> None:
         """Write the outcome's line, and the checkpoint when it is due (raises OSError)."""
         files = self.files
         # An entry for each of the run's tools: after a resume with other tools, its own and the earlier ones'.

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from agentbatch.limits import SessionLimits
+from agentbatch.limits import SampleLimits
 from agentbatch.model.base import Model, Reply
 from agentbatch.model.reasoning import split_reasoning
 from agentbatch.model.usage import Usage
@@ -28,7 +28,7 @@ class ToolContext:
         client: Model,
         usage: Usage | None = None,
         image_client: Model | None = None,
-        limits: SessionLimits | None = None,
+        limits: SampleLimits | None = None,
         redact: Callable[[str], str] | None = None,
     ):
         self._settings = settings
@@ -40,7 +40,7 @@ class ToolContext:
         self.image_client = image_client or client
         self.usage = usage if usage is not None else Usage()
         # The session's deadline and token/cost limits; commands and model calls are cut at the deadline.
-        self.limits = limits or SessionLimits(usage=self.usage)
+        self.limits = limits or SampleLimits(usage=self.usage)
         self.resources: dict[str, Any] = {}
         self._cleanups: list[Callable[[], None]] = []
 

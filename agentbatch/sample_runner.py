@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from agentbatch import verification
 from agentbatch.agent_loop import run_agent
-from agentbatch.limits import SessionLimits
+from agentbatch.limits import SampleLimits
 from agentbatch.model import registry as models
 from agentbatch.model.base import Model, ModelCallError
 from agentbatch.model.client import ModelClient
@@ -18,7 +18,7 @@ from agentbatch.sandboxes.base import SandboxError, SandboxSpec
 from agentbatch.secrets_guard import Redactor
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import offered_tools
-from agentbatch.work import PromptOutcome, PromptTask, RunConfig, now_iso
+from agentbatch.work import RunConfig, SampleOutcome, SampleTask, now_iso
 from trajectory import build_record, has_think_block
 
 
@@ -42,11 +42,11 @@ class Clients:
 DISCARD_REASONS = {"failed": "check_failed", "timeout": "check_timeout", "error": "check_error", "none": "no_check"}
 
 
-def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutcome:
+def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutcome:
     """Run one prompt; never raises: every problem becomes a failed outcome with its reason."""
     start = time.monotonic()
     usage = Usage(prices=cfg.prices)
-    outcome = PromptOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
+    outcome = SampleOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
     ctx = None
     harbor = task.harbor
     try:
@@ -62,7 +62,7 @@ def run_prompt(task: PromptTask, cfg: RunConfig, clients: Clients) -> PromptOutc
             harbor.check_unavailable()  # its image could not be built: fails before any model call
         sandbox_backends.get(spec.kind).prepare(spec)  # before any model call: an absent image costs no tokens
         prompt_limits = replace(cfg.limits, seconds=harbor.prompt_timeout) if harbor else cfg.limits
-        limits = SessionLimits(prompt_limits, usage)  # the time limit counts from here, after the image check
+        limits = SampleLimits(prompt_limits, usage)  # the time limit counts from here, after the image check
         ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
         if task.setup:  # before any model call too: a task whose files cannot be made costs no tokens
             verification.run_setup(ctx, task.setup, cfg.check_timeout)
