@@ -160,7 +160,7 @@ def test_hostile_framings_through_the_cli_fail_their_prompts_as_malformed_replie
         done.set()
         sampler.join()
         server.close()
-    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     failed = {f["prompt"]: f["error"] for f in RunDir(tmp_path / "out" / "hostile").failed()}
     assert sorted(failed) == sorted(cases), proc.stderr
     for prompt, error in failed.items():
