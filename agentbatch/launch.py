@@ -99,7 +99,7 @@ def run(raw: dict[str, Any]) -> int:
             base_url = stack.enter_context(local_server.serve(f["local_model_path"], verbose=f["verbose"]))
             model = "local"
         else:
-            base_url, model = check.base_url(f["base_url"]), f["model"]
+            base_url, model = f["base_url"], f["model"]  # checked with the flags
         key = check.api_key(f["api_key"], base_url, needed=not local and models.needs_endpoint(model))
         priced = f["price_input"] is not None or f["price_output"] is not None
         if f["budget_usd"] is not None and not priced and not reports_cost(base_url):

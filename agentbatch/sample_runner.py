@@ -32,13 +32,10 @@ class Clients:
     @classmethod
     def for_config(cls, cfg: RunConfig) -> Clients:
         chat = models.make(cfg.model)
-        t = cfg.tools
-        if not (t.image_base_url or t.image_api_key):
+        images = cfg.tools.image_endpoint(cfg.model.base_url, cfg.model.api_key)
+        if images is None:
             return cls(chat, chat)
-        images = replace(
-            cfg.model, base_url=t.image_base_url or cfg.model.base_url, api_key=t.image_api_key or cfg.model.api_key
-        )
-        return cls(chat, ModelClient(images))
+        return cls(chat, ModelClient(replace(cfg.model, base_url=images[0], api_key=images[1])))
 
 
 # --require_pass: why a sample that did not pass was discarded, by its check's status.
