@@ -60,11 +60,12 @@ def run_cli(tmp_path: Path, name: str, base_url: str, *flags: str) -> subprocess
 
 
 def comparable(path: Path) -> list[dict]:
-    """Trajectory lines without what legitimately differs between runs (timestamps), in prompt order."""
+    """Trajectory lines without what legitimately differs between runs (timestamps, durations), in prompt order."""
     out = []
     for line in path.read_text().splitlines():
         record = json.loads(line)
         record["metadata"].pop("timestamp")
+        record.pop("duration_seconds")
         out.append(record)
     return sorted(out, key=lambda r: r["prompt_index"])
 
