@@ -1,4 +1,4 @@
-"""Messages → the trajectory line (ShareGPT turns, README "Output"), tool statistics and reasoning statistics."""
+"""Messages → the trajectory line (ShareGPT turns, docs/output.md), tool statistics and reasoning statistics."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ STOP_REASONS: dict[str, str] = {
 
 
 def no_check() -> dict:
-    """The outcome fields of a line whose row has no check (README, "Verified outcomes")."""
+    """The outcome fields of a line whose row has no check (docs/verified-outcomes.md)."""
     return {
         "reward": None,
         "passed": None,

@@ -1,4 +1,4 @@
-"""The run's budget (--budget_usd, --budget_tokens; README "Limits, cost and budget").
+"""The run's budget (--budget_usd, --budget_tokens; docs/limits.md).
 
 What the run has spent is read from its files when a session starts (the batch files, discarded.jsonl and
 failed.jsonl: every attempt that was paid for) and grows as this session's prompts finish. A prompt may

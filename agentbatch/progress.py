@@ -1,4 +1,4 @@
-"""The live view of a session (README "Progress"): prompts done / failed / discarded / in flight, tokens per
+"""The live view of a session (docs/output.md, "Progress"): prompts done / failed / discarded / in flight, tokens per
 second, spend and projected spend, and an ETA projected from the prompts finished so far.
 
 On a terminal one line is redrawn in place every second; anywhere else (a CI log, a file) a plain line is

@@ -2,7 +2,7 @@
 
 A line can be valid JSON and still not be a trajectory: `[1]`, `{"a": 1}`, `{"conversations": "x"}`,
 `"tool_stats": "bad"`, written by hand, by another tool, or by a bug. Such a line is dropped and counted
-(README, "Output"), never trusted: one would crash the statistics, and one in trajectories.jsonl would
+(docs/output.md), never trusted: one would crash the statistics, and one in trajectories.jsonl would
 break its schema for `datasets`. Only the fields the runner writes are checked, and only their types, so
 lines of older versions (without the newer fields) and fields added later by others still pass.
 """

@@ -253,7 +253,7 @@ class Session:
         return doc
 
     def _exit_code(self, stats: dict, interrupted: bool, budget_stopped: bool) -> int:
-        """The session's exit code (README, "Output"), with the line that says what to do next."""
+        """The session's exit code (docs/output.md), with the line that says what to do next."""
         prompts = stats["prompts"]
         if interrupted:
             print("stopped by Ctrl-C; run again with --resume to finish", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""A row's setup and check, run in the prompt's own sandbox (README, "Verified outcomes").
+"""A row's setup and check, run in the prompt's own sandbox (docs/verified-outcomes.md).
 
 `setup` runs before the agent's first model call; `verify` runs after its last one, in the same sandbox,
 through the same `Sandbox.exec` as the agent's own commands (so the same isolation and environment), before
@@ -152,7 +152,7 @@ def _negated(message: str, start: int) -> bool:
 
 
 def answer_matches(expected: str, message: str) -> bool:
-    """The expected answer occurs in the message, whole and not right after "not" (README, "Verified outcomes").
+    """The expected answer occurs in the message, whole and not right after "not" (docs/verified-outcomes.md).
 
     A number matches a number of the same value written whole: "391" matches "17*23 = 391." and "391.0", not
     "-391", "391.5", "3.391", "391,000" or "not 391". Other answers match as a whole word or phrase, ignoring

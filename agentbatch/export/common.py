@@ -28,7 +28,7 @@ except ImportError:
 
 @dataclass(frozen=True)
 class Filters:
-    """Which trajectories an export keeps (README, "Export"); a record is counted under the first filter that drops it."""
+    """Which trajectories an export keeps (docs/export.md); a record is counted under the first filter that drops it."""
 
     completed_only: bool = False
     no_partial: bool = False
@@ -319,7 +319,7 @@ def outcome(record: dict) -> dict:
 
 
 def turn_logprobs(turn: dict) -> dict | None:
-    """A gpt turn's `{"tokens", "logprobs", "token_ids"}` (README, "Token log probabilities"), None without them."""
+    """A gpt turn's `{"tokens", "logprobs", "token_ids"}` (docs/verified-outcomes.md, "Token log probabilities"), None without them."""
     logprobs = turn.get("logprobs")
     return logprobs if isinstance(logprobs, dict) else None
 

@@ -2,7 +2,7 @@
 discards and failed attempts, kept or skipped by the merge's rules, and checkpoint.json.
 
 Read-only, so a finished, running or killed run works alike; a torn or wrong-shaped line is skipped and
-counted, as the merge does (README, "Output"). Every line is redacted of the given secrets before it is parsed.
+counted, as the merge does (docs/output.md). Every line is redacted of the given secrets before it is parsed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The names of a run directory's files: the only place that spells them (README, "Output")."""
+"""The names of a run directory's files: the only place that spells them (docs/output.md)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A tool reads its settings from `ctx.settings`, never from the environment: credentials were withdrawn
 from it (secrets_guard) and travel to the workers inside this object, and a setting that cannot be read
 (`WEB_TIMEOUT=3O`, `WEB_SEARCH_BACKEND=tavly`) stops the run at start instead of failing every call.
-The README's "Toolsets and distributions" section lists the variables.
+docs/toolsets.md lists the variables.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The web toolset: web_search through a configured search service, web_extract of public pages as text.
 
-web_search is left out of the offered tools when no backend is configured (README, "Toolsets and
-distributions", lists the variables that configure one); web_extract is always offered and checks every
+web_search is left out of the offered tools when no backend is configured (docs/toolsets.md lists the variables
+that configure one); web_extract is always offered and checks every
 redirect hop against the private-address policy (url_policy.py). Search service URLs are the operator's own
 configuration and are not subject to that policy.
 """
