@@ -25,6 +25,7 @@ import urllib3
 from docker.utils import kwargs_from_env
 
 from agentbatch.harbor.task_dir import DOCKERFILE, ENVIRONMENT, HarborTask
+from agentbatch.sandboxes.docker_engine import message as engine_message
 
 # Every image a run built carries these labels: `docker rmi $(docker images -q --filter label=...)` removes them.
 BUILT_LABEL = "batch_runner.harbor"  # = the task's name
@@ -132,12 +133,12 @@ def check_base_images(task: HarborTask) -> None:
         except docker.errors.ImageNotFound:
             pass
         except _ENGINE_ERRORS as e:
-            raise BuildFailed(f"cannot reach the Docker engine: {_one_line(e)}") from None
+            raise BuildFailed(f"cannot reach the Docker engine: {engine_message(e)}") from None
         try:
             client.images.pull(image)
         except _ENGINE_ERRORS as e:
             raise BuildFailed(
-                f"FROM image {image!r} is not on this machine and could not be pulled ({_one_line(e)}): "
+                f"FROM image {image!r} is not on this machine and could not be pulled ({engine_message(e)}): "
                 "it must be present (docker pull, load or import) or pullable"
             ) from None
 
@@ -210,7 +211,7 @@ def _build(task: HarborTask, run_dir: str, timeout: float, log: Callable[[str], 
                 tail.append(error)
     except _ENGINE_ERRORS as e:
         if not timed_out.is_set():
-            error = f"the build stopped: {_one_line(e)}"
+            error = f"the build stopped: {engine_message(e)}"
     finally:
         timer.cancel()
         with contextlib.suppress(Exception):
@@ -218,19 +219,12 @@ def _build(task: HarborTask, run_dir: str, timeout: float, log: Callable[[str], 
     if timed_out.is_set():
         error = f"the build took over its build_timeout_sec ({timeout:g} s)"
     if error:
-        raise BuildFailed(f"image build failed: {_one_line(error)}\n{_tail(tail)}")
+        raise BuildFailed(f"image build failed: {engine_message(error)}\n{_tail(tail)}")
 
 
 def _tail(lines) -> str:
     text = "\n".join(lines)
     return text[-TAIL_CHARS:] if len(text) > TAIL_CHARS else text
-
-
-def _one_line(e) -> str:
-    text = getattr(e, "explanation", None) or str(e)
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    return re.sub(r"\s+", " ", str(text)).strip()[:500]
 
 
 def remove_command(run_dir: str) -> str:
