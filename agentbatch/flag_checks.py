@@ -289,29 +289,29 @@ def prefill_messages(name: str, path: Any) -> list[dict]:
 def input_file(name: str, value: Any) -> str | None:
     """A file the run reads whole at start (--mcp_config, --distributions_file): a regular file of at most
     MAX_FLAG_FILE_BYTES; a missing one is left to its reader, which names it."""
-    if value is None:
-        return None
-    path = str(value)
-    try:
-        info = os.stat(path)
-    except OSError:
-        return path
-    if not stat.S_ISREG(info.st_mode):
+    path, info = _stat(value)
+    if info is not None and not stat.S_ISREG(info.st_mode):
         raise FatalError(f"--{name} {path} is not a regular file (a directory, device or FIFO)")
-    if info.st_size > MAX_FLAG_FILE_BYTES:
+    if info is not None and info.st_size > MAX_FLAG_FILE_BYTES:
         raise FatalError(f"--{name} {path} is over {MAX_FLAG_FILE_BYTES // (1024 * 1024)} MiB")
     return path
 
 
 def input_path(name: str, value: Any) -> str | None:
     """A file or directory the run reads (the dataset): not a device, FIFO or socket, which would never end."""
-    if value is None:
-        return None
-    path = str(value)
-    try:
-        info = os.stat(path)
-    except OSError:
-        return path  # missing or unreadable: the reader says so, naming the file
-    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+    path, info = _stat(value)
+    if info is not None and not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
         raise FatalError(f"--{name} {path} is not a regular file (a device, FIFO or socket is never read to its end)")
     return path
+
+
+def _stat(value: Any) -> tuple[str | None, os.stat_result | None]:
+    """The path a flag names and what it is; None when there is no path, or nothing (readable) there: its
+    reader then says so, naming the file."""
+    if value is None:
+        return None, None
+    path = str(value)
+    try:
+        return path, os.stat(path)
+    except OSError:
+        return path, None
