@@ -15,7 +15,7 @@ import h11
 import psutil
 import pytest
 from cli_helpers import RunDir, run_cli, write_dataset
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from raw_server import RawServer
 
@@ -257,8 +257,10 @@ def replies(draw) -> bytes:
     return data
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized: the same examples on every run, so the suite's verdict does not depend on the day's draw.
+@settings(max_examples=3000, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(replies())
+@example(b"HTTP/1.1 204 OK\r\nContent-Type: application/json\r\nContent-Length: 99999999999999999999\r\n\r\n")
 def test_the_parser_reads_what_h11_reads_and_refuses_the_rest(data):
     mine, theirs = ours(data), h11s(data)
     if isinstance(mine, tuple):

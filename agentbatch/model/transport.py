@@ -236,7 +236,7 @@ _STATUS = re.compile(rb"(HTTP/1\.[01]) ([0-9]{3})(?: [^\x00\x0b\x0c\r\n]*)?\r?\n
 _FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):([^\r\n]*)\r?\n")
 _CONTROL = re.compile(rb"[\x00\x0b\x0c\r\n]")  # not in a field's value (as h11 reads it: servers send the rest)
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})(?:;[^\r\n]*)?[ \t]*\r\n")
-_LENGTH = re.compile(r"[0-9]{1,18}", re.ASCII)
+_LENGTH = re.compile(r"[0-9]+", re.ASCII)
 _MAX_INTERIM = 10  # 100 Continue and the like before the reply
 _BLOCK = 1 << 20  # a body is read in blocks: its size allocates nothing before its bytes arrive
 
@@ -301,6 +301,8 @@ def _body(reader, status: int, headers: dict[str, str], cap: int) -> tuple[bytes
     if coding is not None:
         return _chunked(reader, cap), True
     if declared is not None:
+        if len(declared) > 18:  # no reply is an exabyte: refused before int() turns 4,300 digits into a number
+            raise BadReply(f"Content-Length of {len(declared)} digits")
         length = int(declared)
         if 0 <= cap < length:
             raise BadReply(f"{length} bytes, over the {cap}-byte reply limit")
