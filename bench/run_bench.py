@@ -11,6 +11,8 @@
                                               # 11p: what the probe costs an endpoint without limits)
     python bench/run_bench.py --only 12       # sandbox starts paced apart, against the engine's best parallelism
     python bench/run_bench.py --only 13       # per-prompt cost of the bwrap, local and docker sandboxes
+    python bench/run_bench.py --only 14,14n,15  # the pacer against a window limit: Retry-After only, a bare 429,
+                                                # a limit that moves (bench_pacing.py)
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -28,6 +30,7 @@ import time
 
 import psutil
 from bench_export import bench_export
+from bench_pacing import bench_moving_limit, bench_retry_after_only
 from bench_rate_limit import bench_probe_cost, bench_rate_limit
 from bench_resume import bench_resume
 from bench_sandbox_starts import bench_sandbox_starts
@@ -152,6 +155,12 @@ def main() -> int:
         bench_sandbox_starts(results)
     if "13" in which:
         bench_sandboxes(results)
+    if "14" in which:
+        bench_retry_after_only(results, "retry-after")
+    if "14n" in which:
+        bench_retry_after_only(results, "none")
+    if "15" in which:
+        bench_moving_limit(results)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -11,9 +11,21 @@ import urllib.request
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
+from scripted_rate_limit import RateLimit
 from scripted_server import ScriptedServer
 
-from agentbatch.model.rate_limit import PROBE_DOUBLING, PROBE_WINDOW, Pacer, _limits, _seconds, retry_after
+from agentbatch.model.client import ModelCallError, ModelClient, ModelSettings
+from agentbatch.model.rate_limit import (
+    CLIMB,
+    CUT,
+    PROBE_DOUBLING,
+    PROBE_WINDOW,
+    STREAK,
+    Pacer,
+    _limits,
+    _seconds,
+    retry_after,
+)
 
 ONE_CALL = [{"content": "answered"}]
 
@@ -99,20 +111,62 @@ def test_the_probe_doubles_its_window_until_the_endpoint_answers():
     assert starts[-1] - origin < 5 * PROBE_DOUBLING + 2.0
 
 
-def test_a_burst_of_429s_to_calls_sent_together_cuts_the_rate_once():
+def test_429s_to_calls_sent_before_a_cut_count_once():
     pacer = Pacer()
-    pacer.release(pacer.acquire(), 429, {})
-    pacer.rate = 40.0
-    tickets = [pacer.acquire() for _ in range(4)]
-    first_cut = time.monotonic()
-    for t in tickets:  # all sent before the cut they cause: one cut
-        pacer.release(t, 429, {})
-    assert pacer.rate == pytest.approx(40.0 * 0.8)
-    time.sleep(0.01)
-    later = pacer.acquire()
-    assert later > first_cut
-    pacer.release(later, 429, {})  # sent after the cut, still refused: a second cut
-    assert pacer.rate == pytest.approx(40.0 * 0.8 * 0.8)
+    tickets = [pacer.acquire() for _ in range(PROBE_WINDOW)]  # the probe's first window, all under way
+    pacer.release(tickets[0], 429, {"retry-after-ms": "1"})
+    # The endpoint took the other calls of that second (in flight): the rate is CUT of them.
+    assert pacer.mode == "paced" and pacer.rate == pytest.approx(CUT * (PROBE_WINDOW - 1))
+    rate = pacer.rate
+    for t in tickets[1:]:  # sent before the cut, refused as well: they change nothing
+        pacer.release(t, 429, {"retry-after-ms": "1"})
+    assert pacer.rate == rate
+
+
+def paced_after_first_window() -> Pacer:
+    """A pacer whose first window of calls met one 429 (without rate-limit headers) and the rest accepted."""
+    pacer = Pacer()
+    tickets = [pacer.acquire() for _ in range(PROBE_WINDOW)]
+    pacer.release(tickets[0], 429, {})
+    for t in tickets[1:]:
+        pacer.release(t, 200, {})
+    return pacer
+
+
+def test_a_lone_429_holds_back_its_own_call_only_and_a_streak_holds_back_every_call():
+    pacer = paced_after_first_window()
+    time.sleep(0.05)
+    ticket = pacer.acquire(deadline=time.monotonic() + 10)
+    pacer.release(ticket, 429, {"retry-after": "30"})  # one 429 among successes: the others go on
+    ticket = pacer.acquire(deadline=time.monotonic() + 10)
+    assert ticket is not None
+    pacer.release(ticket, 200, {})
+    tickets = [pacer.acquire(deadline=time.monotonic() + 10) for _ in range(STREAK)]
+    for t in tickets:  # the endpoint refuses everything: every call waits its Retry-After
+        pacer.release(t, 429, {"retry-after": "30"})
+    assert pacer.acquire(deadline=time.monotonic() + 0.3) is None
+
+
+def test_the_rate_grows_only_while_calls_wait_for_it():
+    pacer = paced_after_first_window()
+    rate = pacer.rate
+    time.sleep(CLIMB + 0.2)  # no call waited: the pacer has learnt nothing about a higher rate
+    pacer.release(pacer.acquire(deadline=time.monotonic() + 10), 200, {})
+    assert pacer.rate == pytest.approx(rate)
+    stop = time.monotonic() + 2 * CLIMB + 0.5
+
+    def calls() -> None:  # more calls than the rate lets through, all accepted
+        while time.monotonic() < stop:
+            ticket = pacer.acquire(deadline=stop)
+            if ticket is not None:
+                pacer.release(ticket, 200, {})
+
+    threads = [threading.Thread(target=calls) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert pacer.rate > rate / CUT  # past the ceiling it was cut from
 
 
 def test_retry_after_pauses_every_call_and_the_deadline_is_honoured():
@@ -147,3 +201,62 @@ def test_a_rate_limited_endpoint_fails_no_prompt_and_mostly_sees_accepted_reques
     sent = stats["accepted"] + stats["refused"]
     assert stats["accepted"] == 120
     assert stats["refused"] / sent < 0.3, f"{stats['refused']} of {sent} requests answered 429"
+
+
+def drive(srv: ScriptedServer, threads: int, seconds: float) -> list[Exception]:
+    """`threads` callers through one ModelClient for `seconds` (as a worker's slots do); the calls that failed."""
+    client = ModelClient(ModelSettings(model="m", base_url=srv.base_url, api_key="k", max_retries=5))
+    stop = time.monotonic() + seconds
+    failed: list[Exception] = []
+
+    def calls(i: int) -> None:
+        while time.monotonic() < stop:
+            try:
+                client.chat([{"role": "user", "content": f"prompt {i}"}])
+            except ModelCallError as e:
+                failed.append(e)
+
+    callers = [threading.Thread(target=calls, args=(i,)) for i in range(threads)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=120)
+    return failed
+
+
+def per_second(times: list[float], start: float, end: float) -> float:
+    return sum(1 for t in times if start <= t < end) / (end - start)
+
+
+@pytest.mark.parametrize("retry_after_header", [True, False], ids=["Retry-After only", "a bare 429"])
+def test_the_pacer_converges_under_a_window_limit_that_says_nothing_else(retry_after_header):
+    """R requests in any one second, 429 beyond: the accepted rate settles near R with few 429s, and a
+    429 no longer stops every call for its Retry-After (that alone cost a second in every few)."""
+    rate = 40
+    with ScriptedServer(default_script=ONE_CALL, latency=0.05) as srv:
+        srv.rate_limit = RateLimit(rate, headers=False, window=True, retry_after=retry_after_header)
+        failed = drive(srv, threads=24, seconds=10)
+        seen = srv.rate_limit.stats()
+    assert not failed
+    settled = (seen["origin"] + 3, seen["origin"] + 9.5)  # after the first seconds, before the callers stop
+    accepted = per_second(seen["accepted_at"], *settled)
+    refused = per_second(seen["refused_at"], *settled)
+    assert accepted >= 0.8 * rate, f"{accepted:.1f} accepted a second against a limit of {rate}"
+    assert refused <= 0.1 * (accepted + refused), f"{refused:.1f} refused a second, {accepted:.1f} accepted"
+
+
+def test_the_pacer_follows_a_limit_that_moves_down_and_back_up():
+    rate, low = 60, 15
+    with ScriptedServer(default_script=ONE_CALL, latency=0.05) as srv:
+        srv.rate_limit = RateLimit(rate, headers=False, window=True, schedule=[(0, rate), (4, low), (9, rate)])
+        failed = drive(srv, threads=24, seconds=14)
+        seen = srv.rate_limit.stats()
+    assert not failed
+    origin = seen["origin"]
+    # Down: after a second or two at the lower limit, most requests are accepted again.
+    accepted = per_second(seen["accepted_at"], origin + 6, origin + 9)
+    refused = per_second(seen["refused_at"], origin + 6, origin + 9)
+    assert refused <= 0.25 * (accepted + refused), f"{refused:.1f} refused a second, {accepted:.1f} accepted"
+    # Back up: within a few seconds of the limit's return the pacer sends at most of it again.
+    back = per_second(seen["accepted_at"], origin + 12, origin + 14)
+    assert back >= 0.7 * rate, f"{back:.1f} accepted a second, 3 s after the limit went back to {rate}"

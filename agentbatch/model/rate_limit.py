@@ -14,8 +14,16 @@ a burst of 429s to calls sent together counts once) and stops the permits for th
 successes raise it again. Rate-limit headers give the endpoint's rate (requests left and the time to
 replenish them): a process starts at its share of it (1 / the number of worker processes), never paces
 above all of it, and steers by the requests left, which every process sees alike, so that together they
-keep the endpoint's allowance from running dry instead of finding its edge by 429s. Without headers the
-rate grows slowly for a few seconds after a 429, then faster.
+keep the endpoint's allowance from running dry instead of finding its edge by 429s.
+
+Without headers (a 429 with only Retry-After, or nothing at all: most endpoints) the endpoint's allowance is
+measured: the calls this process started in the last second that were not refused are what the endpoint
+took in the second it refused one, its ceiling. A 429 sets the rate to CUT of it, once per round of calls;
+the rate climbs back to the ceiling within CLIMB seconds, slowing as it nears it (CUBIC's shape), then grows
+faster and faster past it, so a ceiling that rose is found within a few seconds, and only while calls are
+waiting for the pacer. A lone 429 holds back only its own call, for its Retry-After (the retry loop); the
+rest go on at the cut rate. When the endpoint refuses everything (the first 429, or STREAK in a row with
+no success between), every call waits for the Retry-After, or BARE_PAUSE when the 429 names no time.
 """
 
 from __future__ import annotations
@@ -46,14 +54,22 @@ BACKOFF = 0.8  # the rate after a 429, as a share of the rate before
 GAIN = 1.0
 GAIN_DOWN = 0.5
 TARGET_LEFT = 0.2
-# Without headers: per second, within RECENT seconds of the last 429, and after.
-GROWTH = 0.1
-FAST_GROWTH = 0.5
-RECENT = 3.0
+# Without headers: a 429 sets the rate to CUT of the ceiling (what the endpoint took in the last second); the
+# rate is back at the ceiling CLIMB seconds of waiting calls later, then its growth per second grows by EXPLORE
+# every second (×4 within ~3 s more: a limit that rose is found again), until the next 429.
+CUT = 0.95
+CLIMB = 1.0
+EXPLORE = 0.6
+SETTLE = 1.0  # seconds after a cut that a window limit still counts the calls from before it
+AHEAD = 1.5  # past the ceiling, the rate stays within this many times the calls started in about the last second
+# 429s in a row, no success between (at least STREAK, and STREAK_SECONDS of calls at the rate): the endpoint
+# refuses everything, so every call waits.
+STREAK, STREAK_SECONDS = 3, 0.02
+BARE_PAUSE = 1.0  # that wait when the 429 names none
+SLACK = 0.01  # seconds of permits issued together when the issuer wakes late (a busy CPU)
 MIN_RATE = 0.5  # calls per second
 MAX_RATE = 10_000.0
 MAX_PAUSE = 60.0  # the longest Retry-After honoured as a pause of every call (the call itself waits it too)
-MEASURE_SECONDS = 2.0
 OVERLOADED = (429, 503, 529)
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -87,9 +103,12 @@ class Pacer:
         self._paused_until = 0.0
         self._last_cut = float("-inf")
         self._last_update = time.monotonic()
-        self._paced_since = 0.0
-        # End times of the latest accepted calls, for the accepted rate (bounded: enough for 2,000 calls a second).
-        self._successes: deque[float] = deque(maxlen=4096)
+        self._ceiling = 0.0  # without headers: what the endpoint took in the second it last refused a call
+        self._climb = 0.0  # seconds of calls waiting for the pacer since the last cut
+        self._streak = 0  # 429s since the last success
+        # Start times of the calls of about the last second, and of those refused: what the endpoint took.
+        self._starts: deque[float] = deque(maxlen=16384)
+        self._refusals: deque[float] = deque(maxlen=16384)
         self._issuer: threading.Thread | None = None
 
     def acquire(self, deadline: float | None = None) -> float | None:
@@ -104,6 +123,7 @@ class Pacer:
                 wait = self._try_start(now)
                 if wait is None:
                     self._in_flight += 1
+                    self._starts.append(now)
                     return now
                 if deadline is not None:
                     wait = min(wait, deadline - now)
@@ -120,21 +140,25 @@ class Pacer:
         now = time.monotonic()
         with self._cond:
             self._in_flight -= 1
-            if self.mode == "open" and status not in OVERLOADED:
-                if 200 <= status < 300:
-                    self._successes.append(now)
-                return  # no limit seen: nothing to adapt (and no headers to read)
-            limits = _limits(headers)
             if status in OVERLOADED:
-                self._back_off(now, ticket, headers, limits)
+                limits = _limits(headers)
+                if limits:
+                    self._back_off(now, ticket, headers, limits)
+                else:
+                    self._refused(now, ticket, headers)
             elif 200 <= status < 300:
-                self._successes.append(now)
+                self._streak = 0
+                if self.mode == "open":
+                    return  # no limit seen: nothing to adapt (and no headers to read)
+                limits = _limits(headers)
                 if self.mode == "probe" and limits:
                     self._pace(now, limits)
                 elif self.mode == "probe":
                     self.mode = "open"
-                elif self.mode == "paced":
+                else:
                     self._grow(now, limits)
+            elif self.mode == "open":
+                return
             if self.mode != "paced":
                 self._cond.notify_all()
 
@@ -159,7 +183,8 @@ class Pacer:
         return 1.0  # the issuer wakes one waiter per permit
 
     def _issue(self) -> None:
-        """The permit issuer of the paced mode: a permit every 1/rate seconds, at most one waiting to be taken."""
+        """The permit issuer of the paced mode: a permit every 1/rate seconds, those of a late wake-up together
+        (up to SLACK seconds' worth), and none piling up untaken for a burst later."""
         next_at = time.monotonic()
         with self._issuer_cond:
             while True:
@@ -167,63 +192,116 @@ class Pacer:
                 due = max(next_at, self._paused_until)
                 if now < due:
                     self._issuer_cond.wait(due - now)
-                elif self._permits:  # not taken yet (no call is waiting): none piles up for a burst later
+                    continue
+                room = max(1, int(self.rate * SLACK)) - self._permits
+                if room <= 0:  # not taken yet (no call is waiting)
                     self._issuer_cond.wait(1.0)
-                else:
-                    self._permits = 1
-                    self._cond.notify()
-                    next_at = now + 1.0 / self.rate
+                    continue
+                issued = min(room, 1 + int((now - due) * self.rate))
+                self._permits += issued
+                self._cond.notify(issued)
+                next_at = max(due + issued / self.rate, now - SLACK)
 
     def _pace(self, now: float, limits: Limits | None) -> None:
         self.mode = "paced"
         self._paced_since = now
         if limits:
-            guess = limits.rate * self.share
-        else:  # what the endpoint accepted lately, or half of what is in flight if nothing has come back yet
-            guess = self._accepted_rate(now) or self._in_flight / 2
-        self.rate = min(MAX_RATE, max(MIN_RATE, guess))
+            self.rate = _clamp(limits.rate * self.share)
+            self._ceiling, self._climb = self.rate, CLIMB
+        else:  # what the endpoint took in the last second (those still in flight included), a little less
+            self._ceiling = max(MIN_RATE, self._taken(now))
+            self.rate = _clamp(CUT * self._ceiling)
+            self._climb = 0.0
         self._last_update = now
         _write_shared(self.shared, limits.rate if limits else self.rate / self.share)
         if self._issuer is None:
             self._issuer = threading.Thread(target=self._issue, name="model-call-pacer", daemon=True)
             self._issuer.start()
 
-    def _back_off(self, now: float, ticket: float, headers, limits: Limits | None) -> None:
+    def _back_off(self, now: float, ticket: float, headers, limits: Limits) -> None:
+        """A 429 or overload answer that says the endpoint's limits (x-ratelimit-*)."""
         pause = retry_after(headers)
         if pause:
             self._paused_until = max(self._paused_until, now + min(pause, MAX_PAUSE))
         if self.mode != "paced":
             self._pace(now, limits)
         elif ticket > self._last_cut:  # calls sent before the last cut went at the old pace: they count once
-            rate = self.rate
-            if limits is None and now - self._paced_since >= MEASURE_SECONDS:
-                # Without headers, what the endpoint accepted lately is the best guess of what it allows.
-                rate = min(rate, max(MIN_RATE, self._accepted_rate(now)))
-            # With headers the endpoint's rate is known: cuts stop at half this process's share of it.
-            floor = limits.rate * self.share / 2 if limits else MIN_RATE
-            self.rate = max(MIN_RATE, floor, rate * BACKOFF)
+            # The endpoint's rate is known: cuts stop at half this process's share of it.
+            self.rate = max(MIN_RATE, limits.rate * self.share / 2, self.rate * BACKOFF)
         else:
             return
         self._last_cut = now
         self._last_update = now
         self._permits = 0
 
+    def _refused(self, now: float, ticket: float, headers) -> None:
+        """A 429 or overload answer without rate-limit headers: Retry-After at most, or nothing."""
+        self._streak += 1
+        self._refusals.append(ticket)
+        first = self.mode != "paced"
+        if first:
+            self._pace(now, None)
+            cut = True
+        elif ticket > self._last_cut:  # calls sent before the last cut went at the old pace: they count once
+            # A window limit remembers the second before the cut: calls soon after it may still be refused,
+            # a cut again only if the endpoint now takes less than the cut rate (the limit went down).
+            taken = self._taken(now)
+            cut = ticket > self._last_cut + SETTLE or taken < self.rate
+            if cut:
+                self._ceiling = max(MIN_RATE, min(self.rate, taken))
+                self.rate = _clamp(CUT * self._ceiling)
+                self._climb = 0.0
+        else:
+            cut = False
+        if cut:
+            self._last_cut = self._last_update = now
+            self._permits = 0
+            self._issuer_cond.notify()
+        if first or self._streak >= max(STREAK, self.rate * STREAK_SECONDS):  # it refuses everything: all wait
+            pause = retry_after(headers)
+            pause = BARE_PAUSE if pause is None else pause
+            self._paused_until = max(self._paused_until, now + min(pause, MAX_PAUSE))
+
     def _grow(self, now: float, limits: Limits | None) -> None:
-        dt = now - self._last_update
+        dt = now - max(self._last_update, min(self._paused_until, now))  # a pause is no time at the rate
+        self._last_update = now
         if limits:
             offset = limits.remaining / limits.limit - TARGET_LEFT
             change = (GAIN if offset > 0 else GAIN_DOWN) * offset * dt
-        else:
-            change = (FAST_GROWTH if now - self._last_cut >= RECENT else GROWTH) * dt
-        self.rate = min(MAX_RATE, max(MIN_RATE, self.rate * max(0.5, 1 + change)))
-        if limits:  # never above the whole endpoint's rate
-            self.rate = min(self.rate, max(MIN_RATE, limits.rate))
-        self._last_update = now
+            rate = self.rate * max(0.5, 1 + change)
+            # never above the whole endpoint's rate
+            self.rate = min(_clamp(rate), max(MIN_RATE, limits.rate))
+            return
+        if self._waiting:  # the pacer holds calls back: time to find out whether the endpoint takes more
+            self._climb += dt
+        rate = self._ceiling * _climbed(self._climb)
+        if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
+            rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
+        self.rate = _clamp(rate)
 
-    def _accepted_rate(self, now: float) -> float:
-        while self._successes and self._successes[0] < now - MEASURE_SECONDS:
-            self._successes.popleft()
-        return len(self._successes) / MEASURE_SECONDS
+    def _sent(self, now: float) -> int:
+        """Calls started in the last second."""
+        while self._starts and self._starts[0] < now - 1.0:
+            self._starts.popleft()
+        return len(self._starts)
+
+    def _taken(self, now: float) -> int:
+        """Calls started in the last second that were not refused: what the endpoint took in it."""
+        while self._refusals and self._refusals[0] < now - 1.0:
+            self._refusals.popleft()
+        return max(0, self._sent(now) - len(self._refusals))
+
+
+def _climbed(t: float) -> float:
+    """The rate `t` seconds of waiting calls after a cut, as a share of the ceiling: CUBIC's concave climb back
+    to it within CLIMB seconds, then a growth that itself grows by EXPLORE a second."""
+    if t < CLIMB:
+        return 1.0 - (1.0 - CUT) * (1.0 - t / CLIMB) ** 3
+    return math.exp(min(EXPLORE * (t - CLIMB) ** 2 / 2, 20.0))
+
+
+def _clamp(rate: float) -> float:
+    return min(MAX_RATE, max(MIN_RATE, rate))
 
 
 def _probe_wait(in_flight: int, waiting: int, elapsed: float, share: float) -> float | None:
