@@ -54,6 +54,8 @@ class Endpoint:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.spans: list[tuple[float, float]] = []  # (start, end) of each answered request
+        self.replied: dict[str, float] = {}  # each prompt's last reply (time.monotonic)
+        self.gaps: list[float] = []  # from a prompt's reply to its next request: the runner's time between calls
 
     def delay(self) -> float:
         if self.latency <= 0:
@@ -89,6 +91,7 @@ class Endpoint:
             "peak_in_flight": self.peak_in_flight,
             "in_flight_trace": self.trace(),
             "first_second_trace": self.trace(0.05)[:20],
+            "gaps": self.gaps,
         }
 
     def trace(self, step: float = 0.5) -> list[float]:
@@ -143,12 +146,17 @@ class Endpoint:
                 self.in_flight += 1
                 self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
                 try:
-                    answer = self.reply(json.loads(raw))
+                    body = json.loads(raw)
+                    prompt = prompt_of(body)
+                    if prompt in self.replied:
+                        self.gaps.append(now - self.replied[prompt])
+                    answer = self.reply(body)
                     await asyncio.sleep(self.delay())
                     await _send(writer, 200, answer)
                 finally:
                     self.in_flight -= 1
                 self.last_reply = time.monotonic()
+                self.replied[prompt] = self.last_reply
                 self.spans.append((now, self.last_reply))
         except (ConnectionError, asyncio.IncompleteReadError):
             return

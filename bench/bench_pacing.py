@@ -10,6 +10,7 @@ it, answered at once), as issue 30 measured it. Every other flag at its default,
 (15)  a limit that moves: 200 requests a second, 50 from 10 s to 30 s after the first request, 200 again;
       Retry-After only. Goodput as a share of the limit in force over the run, and how soon after the
       limit's return the accepted rate is back.
+(16)  no limit at all: (8)'s --num_workers=32, (9), (10b) and (10) with pacing on and off.
 
 Goodput is what the endpoint accepted between its first and last accepted request, per second, so that
 start-up and the last replies (the run's tail) are not counted against the pacer.
@@ -17,7 +18,9 @@ start-up and the last replies (the run's tail) are not counted against the pacer
 
 from __future__ import annotations
 
-from common import CALLS_PER_PROMPT, DEFAULT_SCRIPT, Server, report, run_cli, write_dataset
+import sys
+
+from common import CALLS_PER_PROMPT, DEFAULT_SCRIPT, Server, check_all_done, report, run_cli, write_dataset
 
 ONE_CALL = [{"reasoning": "Nothing to look up.", "content": "Answered: {prompt}"}]
 # (R, latency, prompts of one call, prompts of three calls): each run ~8-10 s at R, and --concurrency 64
@@ -138,3 +141,47 @@ def bench_moving_limit(results: dict, n: int = 5000, conc: int = 256, latency: f
         f"{r['refused']} requests 429 ({r['refused_share']:.1%}); {r['failed']} prompts failed; "
         f"wall {r['wall']:.1f} s [target >= 85 %, no failure, back within 5 s: {'met' if ok else 'NOT met'}]",
     )
+
+
+def bench_pacing_cost(results: dict, rounds: int = 2) -> None:
+    """(16) what the pacer costs where there is no limit: (8)'s --num_workers=32, (9), (10b) and (10) with
+    pacing on and off, taking turns `rounds` times; the fastest run of each counts (load only slows)."""
+    from bench_rate_limit import FIXED_CLI
+    from bench_rate_limit import __file__ as rate_limit_bench
+    from bench_scale import TWO_CALLS
+
+    off = [sys.executable, rate_limit_bench, FIXED_CLI]
+    rows = (  # (row, prompts, script, latency, jitter, flags)
+        ("8", 300, None, 0.5, 0.0, ("--num_workers=32",)),
+        ("9", 120, TWO_CALLS, 0.5, 0.0, ("--concurrency=64",)),
+        ("10b", 2000, None, 1.0, 0.2, ("--concurrency=256",)),
+        ("10", 5000, None, 1.0, 0.2, ("--concurrency=1024",)),
+    )
+    met = True
+    for row, n, script, latency, jitter, flags in rows:
+        walls: dict[str, list[float]] = {"on": [], "off": []}
+        for i in range(rounds):
+            for label in ("on", "off") if i % 2 == 0 else ("off", "on"):
+                with Server(latency=latency, jitter=jitter, asyncio=True, script=script) as srv:
+                    r = run_cli(
+                        f"pacing_cost_{row}_{label}",
+                        write_dataset(n),
+                        srv.base_url,
+                        *flags,
+                        entry=None if label == "on" else off,
+                    )
+                check_all_done(f"pacing cost {row} {label}", r, n, calls=2 if script else 3)
+                walls[label].append(r["wall"])
+        on, off_ = min(walls["on"]), min(walls["off"])
+        cost = on / off_ - 1
+        met &= cost <= 0.02
+        results.setdefault("pacing_cost", {})[row] = walls
+        report(
+            results,
+            "pacing_cost",
+            f"(16) no limit, ({row}) {n} prompts {' '.join(flags)}: pacing on {on:.2f} s, off {off_:.2f} s "
+            f"(best of {rounds}; all: on {', '.join(f'{w:.2f}' for w in walls['on'])}, off "
+            f"{', '.join(f'{w:.2f}' for w in walls['off'])}): {cost:+.1%} [target <= +2 %: "
+            f"{'met' if cost <= 0.02 else 'NOT met'}]",
+        )
+    report(results, "pacing_cost", f"(16) targets (every row <= +2 %): {'met' if met else 'NOT met'}")

@@ -5,6 +5,8 @@
      at the endpoint, plus the last reply to the process's exit; and where that time goes, phase by phase.
 (10)  1,024 sessions: 5,000 prompts × 3 calls at 1 s ± 20 %, --concurrency=1024; (10b) 2,000 × 3 at 256.
      Beside each: the same requests from bench/bare_client.py (nothing but HTTP) and the schedule's own floor.
+     (10) is judged against the bare client measured in the same bench run (issue 19's note, issue 30: no
+     client reaches N·L/C × 1.10 here), (10b) against N·L/C.
 
 The layouts of (8) and the phase marks of (9) come from bench/cli_variants.py, the CLI with one thing changed.
 """
@@ -178,7 +180,8 @@ def bare_client(n: int, conc: int) -> dict:
 
 def bench_sessions(results: dict, which: set[str]) -> None:
     """(10) 5,000 × 3 at concurrency 1,024 and (10b) 2,000 × 3 at 256, 1 s ± 20 %."""
-    for key, n, conc, target in (("10", 5000, 1024, 1.10), ("10b", 2000, 256, 1.08)):
+    # (key, prompts, concurrency, target, judged against: "ideal" N·L/C or the "bare" client's wall)
+    for key, n, conc, target, against in (("10", 5000, 1024, 1.05, "bare"), ("10b", 2000, 256, 1.08, "ideal")):
         if key not in which:
             continue
         with Server(latency=1.0, jitter=0.2, asyncio=True) as srv:
@@ -192,7 +195,8 @@ def bench_sessions(results: dict, which: set[str]) -> None:
         floor = schedule_floor(n, conc)
         bare = bare_client(n, conc)
         peak = r["peak_rss"]
-        results[f"sessions_{conc}"] = dict(r, ideal=ideal, floor=floor, bare=bare)
+        judged = ratio if against == "ideal" else r["wall"] / bare["wall"]
+        results[f"sessions_{conc}"] = dict(r, ideal=ideal, floor=floor, bare=bare, judged=judged)
         report(
             results,
             f"sessions_{conc}",
@@ -202,6 +206,7 @@ def bench_sessions(results: dict, which: set[str]) -> None:
             f"client; a schedule without any overhead: {floor:.3f} (schedule_floor); at most "
             f"{r['endpoint']['peak_in_flight']} requests in flight; peak RSS {peak / MIB:.0f} MiB over "
             f"{r['peak_procs']} processes; CPU: runner {r['cpu']:.1f} s, endpoint {r['server_cpu']:.1f} s; "
-            f"failed {r['prompts']['failed']} [target <= {target}: {'met' if ratio <= target else 'NOT met'}; "
+            f"failed {r['prompts']['failed']} [target {'wall' if against == 'ideal' else 'runner / bare client'} "
+            f"<= {target}{' x ideal' if against == 'ideal' else ''}: {'met' if judged <= target else 'NOT met'}; "
             f"<= 2 GiB: {'met' if peak <= 2 * GIB else 'NOT met'}]",
         )

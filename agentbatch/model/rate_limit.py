@@ -61,10 +61,10 @@ CUT = 0.95
 CLIMB = 1.0
 EXPLORE = 0.6
 SETTLE = 1.0  # seconds after a cut that a window limit still counts the calls from before it
-AHEAD = 1.5  # past the ceiling, the rate stays within this many times the calls started in about the last second
-# 429s in a row, no success between (at least STREAK, and STREAK_SECONDS of calls at the rate): the endpoint
-# refuses everything, so every call waits.
-STREAK, STREAK_SECONDS = 3, 0.02
+LIFT = 1.2  # accepted in a second over this many times the rate: the ceiling was too low
+AHEAD = 2.0  # past the ceiling, the rate stays within this many times the calls started in about the last second
+# STREAK 429s in a row and no success for STREAK_SECONDS: the endpoint refuses everything, so every call waits.
+STREAK, STREAK_SECONDS = 3, 0.25
 BARE_PAUSE = 1.0  # that wait when the 429 names none
 SLACK = 0.01  # seconds of permits issued together when the issuer wakes late (a busy CPU)
 MIN_RATE = 0.5  # calls per second
@@ -106,9 +106,11 @@ class Pacer:
         self._ceiling = 0.0  # without headers: what the endpoint took in the second it last refused a call
         self._climb = 0.0  # seconds of calls waiting for the pacer since the last cut
         self._streak = 0  # 429s since the last success
-        # Start times of the calls of about the last second, and of those refused: what the endpoint took.
+        self._last_success = float("-inf")
+        # Start times of the calls of about the last second, of those refused, and of those accepted.
         self._starts: deque[float] = deque(maxlen=16384)
         self._refusals: deque[float] = deque(maxlen=16384)
+        self._accepted: deque[float] = deque(maxlen=16384)
         self._issuer: threading.Thread | None = None
 
     def acquire(self, deadline: float | None = None) -> float | None:
@@ -147,7 +149,7 @@ class Pacer:
                 else:
                     self._refused(now, ticket, headers)
             elif 200 <= status < 300:
-                self._streak = 0
+                self._streak, self._last_success = 0, now
                 if self.mode == "open":
                     return  # no limit seen: nothing to adapt (and no headers to read)
                 limits = _limits(headers)
@@ -156,7 +158,7 @@ class Pacer:
                 elif self.mode == "probe":
                     self.mode = "open"
                 else:
-                    self._grow(now, limits)
+                    self._grow(now, ticket, limits)
             elif self.mode == "open":
                 return
             if self.mode != "paced":
@@ -164,23 +166,23 @@ class Pacer:
 
     def _try_start(self, now: float) -> float | None:
         """None if a call may start now (and takes its permit), else how long to wait before asking again."""
+        if self.mode == "paced":  # the issuer keeps pauses: waiting calls wake one per permit, not all at once
+            if self._permits > 0:
+                self._permits -= 1
+                self._issuer_cond.notify()
+                return None
+            return 1.0
         if now < self._paused_until:
             return self._paused_until - now
         if self.mode == "open":
             return None
-        if self.mode == "probe":
-            if self._probe_start is None:
-                self._probe_start = now
-                known = _read_shared(self.shared)
-                if known:  # another worker already found the endpoint's rate: start paced at our share of it
-                    self._pace(now, Limits(known, 0.0, 0.0))
-                    return 0.0
-            return _probe_wait(self._in_flight, self._waiting, now - self._probe_start, self.share)
-        if self._permits > 0:
-            self._permits -= 1
-            self._issuer_cond.notify()
-            return None
-        return 1.0  # the issuer wakes one waiter per permit
+        if self._probe_start is None:
+            self._probe_start = now
+            known = _read_shared(self.shared)
+            if known:  # another worker already found the endpoint's rate: start paced at our share of it
+                self._pace(now, Limits(known, 0.0, 0.0))
+                return 0.0
+        return _probe_wait(self._in_flight, self._waiting, now - self._probe_start, self.share)
 
     def _issue(self) -> None:
         """The permit issuer of the paced mode: a permit every 1/rate seconds, those of a late wake-up together
@@ -204,16 +206,18 @@ class Pacer:
 
     def _pace(self, now: float, limits: Limits | None) -> None:
         self.mode = "paced"
-        self._paced_since = now
         if limits:
             self.rate = _clamp(limits.rate * self.share)
             self._ceiling, self._climb = self.rate, CLIMB
+            total = limits.rate
         else:  # what the endpoint took in the last second (those still in flight included), a little less
-            self._ceiling = max(MIN_RATE, self._taken(now))
+            # Another worker may have sent more of that second before its first 429: our share of what it saw.
+            total = max(_read_shared(self.shared) or 0.0, self._taken(now) / self.share)
+            self._ceiling = max(MIN_RATE, total * self.share)
             self.rate = _clamp(CUT * self._ceiling)
             self._climb = 0.0
         self._last_update = now
-        _write_shared(self.shared, limits.rate if limits else self.rate / self.share)
+        _write_shared(self.shared, total)
         if self._issuer is None:
             self._issuer = threading.Thread(target=self._issue, name="model-call-pacer", daemon=True)
             self._issuer.start()
@@ -222,7 +226,7 @@ class Pacer:
         """A 429 or overload answer that says the endpoint's limits (x-ratelimit-*)."""
         pause = retry_after(headers)
         if pause:
-            self._paused_until = max(self._paused_until, now + min(pause, MAX_PAUSE))
+            self._pause(now, pause)
         if self.mode != "paced":
             self._pace(now, limits)
         elif ticket > self._last_cut:  # calls sent before the last cut went at the old pace: they count once
@@ -257,12 +261,16 @@ class Pacer:
             self._last_cut = self._last_update = now
             self._permits = 0
             self._issuer_cond.notify()
-        if first or self._streak >= max(STREAK, self.rate * STREAK_SECONDS):  # it refuses everything: all wait
+        if first or (self._streak >= STREAK and now - self._last_success >= STREAK_SECONDS):  # it refuses all
             pause = retry_after(headers)
-            pause = BARE_PAUSE if pause is None else pause
-            self._paused_until = max(self._paused_until, now + min(pause, MAX_PAUSE))
+            self._pause(now, BARE_PAUSE if pause is None else pause)
 
-    def _grow(self, now: float, limits: Limits | None) -> None:
+    def _pause(self, now: float, seconds: float) -> None:
+        """No call starts for `seconds` (at most MAX_PAUSE): the permits issued are void."""
+        self._paused_until = max(self._paused_until, now + min(seconds, MAX_PAUSE))
+        self._permits = 0
+
+    def _grow(self, now: float, ticket: float, limits: Limits | None) -> None:
         dt = now - max(self._last_update, min(self._paused_until, now))  # a pause is no time at the rate
         self._last_update = now
         if limits:
@@ -274,10 +282,29 @@ class Pacer:
             return
         if self._waiting:  # the pacer holds calls back: time to find out whether the endpoint takes more
             self._climb += dt
+        # The calls accepted that started within a second before this one: the endpoint takes at least that
+        # many a second. Clearly more than the rate (a burst before the first 429, whose answer came while
+        # calls of the same second were still being sent) lifts the ceiling to it.
+        self._accepted.append(ticket)
+        while self._accepted and self._accepted[0] < ticket - 1.0:
+            self._accepted.popleft()
+        if len(self._accepted) > max(self._ceiling, LIFT * self.rate + 1):
+            self._lift(len(self._accepted))
         rate = self._ceiling * _climbed(self._climb)
         if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
             rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
         self.rate = _clamp(rate)
+
+    def _lift(self, ceiling: float) -> None:
+        """A higher ceiling, the rate kept where it is (at least CUT of the new ceiling)."""
+        share = self.rate / ceiling
+        self._ceiling = ceiling
+        if share > 1.0:  # where on the growth past the ceiling the rate already is
+            self._climb = CLIMB + math.sqrt(2 * math.log(share) / EXPLORE)
+        elif share > CUT:  # where on the climb back to it
+            self._climb = CLIMB * (1 - ((1 - share) / (1 - CUT)) ** (1 / 3))
+        else:
+            self._climb = 0.0
 
     def _sent(self, now: float) -> int:
         """Calls started in the last second."""
