@@ -11,9 +11,8 @@ import sys
 from typing import Any
 
 from agentbatch import command_line, flag_checks, flags
-from agentbatch.dataset import DatasetError
 from agentbatch.errors import FatalError
-from toolset_distributions import UnknownDistribution, format_distributions
+from toolset_distributions import format_distributions
 
 
 def main(**values: Any) -> None:
@@ -29,7 +28,7 @@ def main(**values: Any) -> None:
         from agentbatch import launch
 
         code = launch.run(values)
-    except (FatalError, DatasetError, UnknownDistribution) as e:
+    except FatalError as e:
         _fatal(str(e), verbose)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # already quitting: another Ctrl-C must not become a traceback

@@ -37,9 +37,20 @@ def to_conversations(messages: list[dict]) -> list[dict]:
     return turns
 
 
-# How a session ended, one value per way (README, "Output"); every trajectory line carries one. time, tokens
-# and cost are the per-prompt limits; "error" is the stop_reason of a failed attempt's line in failed.jsonl.
-STOP_REASONS = ("answered", "max_turns", "length", "context", "invalid_tools", "time", "tokens", "cost", "error")
+# How a sample ended, one value per way (docs/output.md), and what each means: every trajectory line carries
+# one, and a failed attempt's line in failed.jsonl says "error". The one definition: statistics count them in
+# this order, the Inspect export translates them, the docs list them.
+STOP_REASONS: dict[str, str] = {
+    "answered": "a reply without tool calls: completed",
+    "max_turns": "--max_turns model calls without an answer",
+    "length": "a reply cut by the length limit: partial",
+    "context": "the conversation outgrew the context window: partial",
+    "invalid_tools": "three replies in a row naming tools the sample lacks: partial",
+    "time": "the sample's time limit (--prompt_timeout) came first: partial",
+    "tokens": "its token limit (--max_tokens_per_prompt) came first: partial",
+    "cost": "its cost limit (--max_cost_per_prompt) came first: partial",
+    "error": "the attempt failed (failed.jsonl): no trajectory",
+}
 
 
 def no_check() -> dict:
@@ -137,33 +148,6 @@ def tool_stats_of(messages: list[dict]) -> dict[str, dict[str, int]]:
             entry = stats.setdefault(m["name"], {"count": 0, "success": 0, "failure": 0})
             entry["count"] += 1
             entry["success" if m.get("ok", True) else "failure"] += 1
-    return stats
-
-
-def tool_stats(conversations: list[dict]) -> dict[str, dict[str, int]]:
-    """Per tool: calls, successes, failures re-derived from saved turns (results matched to calls by id).
-
-    For trajectories read back from a file, where only the result text says how a call went.
-    """
-    stats = _zero_stats()
-    for i, turn in enumerate(conversations):
-        calls = turn.get("tool_calls") or []
-        if not calls:
-            continue
-        # Ids are unique only within one reply (some providers send "call_0" every turn), so a call is
-        # matched with the results that answer its own reply: the tool turns before the next gpt turn.
-        results: dict[Any, list[str]] = {}
-        for later in conversations[i + 1 :]:
-            if later.get("from") == "gpt":
-                break
-            if later.get("from") == "tool":
-                results.setdefault(later.get("tool_call_id"), []).append(later.get("value", ""))
-        for call in calls:
-            entry = stats.setdefault(call.get("name"), {"count": 0, "success": 0, "failure": 0})
-            entry["count"] += 1
-            answers = results.get(call.get("id"))
-            ok = bool(answers) and result_succeeded(answers.pop(0))
-            entry["success" if ok else "failure"] += 1
     return stats
 
 

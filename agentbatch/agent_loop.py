@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentbatch.limits import TIME_LIMIT_MESSAGE
-from agentbatch.model.client import ContextOverflow, DeadlineReached, ModelClient
+from agentbatch.model.base import ContextOverflow, DeadlineReached, Model
 from agentbatch.model.logprobs import token_logprobs
 from agentbatch.model.reasoning import split_reasoning
 from agentbatch.tools.context import ToolContext
@@ -35,7 +35,7 @@ class AgentResult:
 
 def run_agent(
     prompt: str,
-    client: ModelClient,
+    client: Model,
     tools: list[Tool],
     ctx: ToolContext,
     max_turns: int,

@@ -1,10 +1,13 @@
-"""Reading the prompt dataset (README, "The dataset"): valid rows kept, every bad line reported by number and reason."""
+"""A dataset's entries, and the built-in JSONL format (README, "The dataset"): valid rows kept, every bad line
+reported by number and reason."""
 
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass
+
+from agentbatch.dataset_formats import DatasetError, dataset_format
 
 MAX_PROMPT_CHARS = 1_000_000
 # A docker reference: [registry[:port]/]name[/name...][:tag][@digest], lower-case names. As in docker, a first
@@ -28,8 +31,15 @@ class Entry:
     answers: tuple[str, ...] = ()
 
 
-class DatasetError(Exception):
-    """The dataset cannot be used at all."""
+@dataset_format("jsonl")
+class JsonlFormat:
+    """One JSON object per line with a string "prompt"; claims any path no other format claims."""
+
+    def claims(self, path: str) -> bool:
+        return True
+
+    def load(self, path: str, max_samples: int | None) -> tuple[list[Entry], list[str]]:
+        return load_entries(path, max_samples)
 
 
 def load_entries(path: str, max_samples: int | None = None) -> tuple[list[Entry], list[str]]:

@@ -1,7 +1,7 @@
 """Every command-line flag, declared once: name, default, help and check.
 
 The CLI's signature and `--help` (batch_runner.main), the checks run before anything starts, and the
-flag table in the README all come from FLAGS; tests/test_flags.py holds the README to it.
+reference page docs/flags.md all come from FLAGS; tests/test_flags.py holds the page to it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from agentbatch import flag_checks as check
 from agentbatch.errors import FatalError
 from agentbatch.export import check_formats
-from toolset_distributions import TOOLSETS, get_distribution
+from toolset_distributions import TOOLSETS, Distribution, UnknownDistribution, get_distribution
 
 Check = Callable[[str, Any], Any]
 
@@ -41,6 +41,13 @@ def _toolsets(name: str, value: Any) -> tuple[str, ...]:
     if unknown:
         raise FatalError(f"--{name}: unknown toolset {unknown[0]!r}; choose from {', '.join(TOOLSETS)}")
     return names
+
+
+def _distribution(name: str) -> Distribution:
+    try:
+        return get_distribution(name)
+    except UnknownDistribution as e:
+        raise FatalError(str(e)) from None
 
 
 def _seed(name: str, value: Any) -> int | None:
@@ -85,7 +92,7 @@ FLAGS: tuple[Flag, ...] = (
         "distribution",
         "default",
         "toolset distribution, see --list_distributions",
-        lambda n, v: get_distribution(str(v)),
+        lambda n, v: _distribution(str(v)),
     ),
     _t("model", "anthropic/claude-sonnet-4.6", "model name at the endpoint; `local` runs the embedded model offline"),
     _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint"),
@@ -303,6 +310,14 @@ FLAGS: tuple[Flag, ...] = (
         kind=str,
     ),
     Flag("export_passed_only", False, "export only trajectories whose check passed (`passed: true`)", check.boolean),
+    Flag(
+        "plugins",
+        None,
+        "Python modules or .py files (comma-separated) whose tools, sandbox backends, dataset formats or models "
+        "the run uses, besides installed plug-ins (see docs/plugins.md)",
+        check.name_list,
+        kind=str,
+    ),
 )
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
 
@@ -353,8 +368,24 @@ def quote_text_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def readme_table() -> str:
-    """The README's flag table, one row per flag."""
+REFERENCE_PAGE = "docs/flags.md"
+
+
+def reference_page() -> str:
+    """docs/flags.md: every flag, one row each (`python -m agentbatch.flags > docs/flags.md` writes it)."""
     rows = ["| flag | default | notes |", "|---|---|---|"]
     rows += [f"| `--{f.name}` | {f.readme_default()} | {f.help} |" for f in FLAGS]
-    return "\n".join(rows)
+    return (
+        "# Flags\n\n"
+        "Every flag of `python batch_runner.py` and `batch-runner`, as `--help` prints them. This page is made from\n"
+        "the one table that declares them (`agentbatch/flags.py`): `python -m agentbatch.flags > docs/flags.md`.\n\n"
+        + "\n".join(rows)
+        + "\n\nFire may hand comma lists over as tuples; both forms are accepted. Text flags keep their value exactly\n"
+        'as typed (`--ephemeral_system_prompt="Be brief, please"`). A fatal problem (missing dataset, no valid\n'
+        "entries, unknown distribution, bad flag value, unreadable prefill file, unknown flag) prints one line\n"
+        "naming the problem and exits 2, with no traceback unless `--verbose`.\n"
+    )
+
+
+if __name__ == "__main__":
+    print(reference_page(), end="")

@@ -9,14 +9,14 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
+from agentbatch import dataset_formats, flags, plugins, process_guard, sandboxes, secrets_guard
 from agentbatch import flag_checks as check
-from agentbatch import flags, process_guard, sandboxes, secrets_guard
 from agentbatch.budget import BudgetSettings
-from agentbatch.dataset import load_entries
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
 from agentbatch.executors.base import Executor
 from agentbatch.limits import PromptLimits
+from agentbatch.model import registry as models
 from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.model.usage import Prices
 from agentbatch.prompt_runner import RunConfig
@@ -33,6 +33,7 @@ DEFAULT_STARTS_PER_CORE = 2
 def run(raw: dict[str, Any]) -> int:
     """Check every flag, then run; returns the exit code."""
     f = flags.parse(raw)
+    plugins.load(f["plugins"])  # before anything asks for a tool, a backend, a dataset format or a model
     if f["export"] and f["dataset_file"] is None:
         from agentbatch.export import from_flags
 
@@ -45,7 +46,7 @@ def run(raw: dict[str, Any]) -> int:
         raise FatalError("--run_name is required: output goes to data/<run_name>/")
     local = f["model"] == "local" or f["base_url"] == "local"
 
-    entries, warnings = load_entries(f["dataset_file"], f["max_samples"])
+    entries, warnings = dataset_formats.load(f["dataset_file"], f["max_samples"])
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if not entries:
@@ -82,7 +83,7 @@ def run(raw: dict[str, Any]) -> int:
             model = "local"
         else:
             base_url, model = check.base_url(f["base_url"]), f["model"]
-        key = check.api_key(f["api_key"], base_url, needed=not local)
+        key = check.api_key(f["api_key"], base_url, needed=not local and models.needs_endpoint(model))
         priced = f["price_input"] is not None or f["price_output"] is not None
         if f["budget_usd"] is not None and not priced and not reports_cost(base_url):
             raise FatalError(
@@ -129,6 +130,7 @@ def run(raw: dict[str, Any]) -> int:
             system_prompt=f["ephemeral_system_prompt"],
             prefill=f["prefill_messages_file"] or [],
             secrets=secrets,
+            plugins=plugins.loaded(),
             sandbox_labels=owner_labels(run_dir, session_id),
         )
         files = RunFiles(run_dir, secrets=secrets)

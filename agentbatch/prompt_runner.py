@@ -10,7 +10,9 @@ from datetime import UTC, datetime
 from agentbatch import sandboxes, verification
 from agentbatch.agent_loop import run_agent
 from agentbatch.limits import PromptLimits, SessionLimits
-from agentbatch.model.client import ModelCallError, ModelClient, ModelSettings
+from agentbatch.model import registry as models
+from agentbatch.model.base import Model, ModelCallError
+from agentbatch.model.client import ModelClient, ModelSettings
 from agentbatch.model.usage import Prices, Usage
 from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
 from agentbatch.secrets_guard import Redactor
@@ -40,6 +42,8 @@ class RunConfig:
     log_prefix_chars: int = 100
     # Every credential of the run: redacted from tool results before the endpoint sees them, and from logs.
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    # The plug-in modules and files the run named (--plugins): every worker loads them at its start.
+    plugins: tuple[str, ...] = ()
     # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
     sandbox_labels: dict[str, str] = field(default_factory=dict)
 
@@ -86,14 +90,14 @@ class PromptOutcome:
 
 @dataclass
 class Clients:
-    """A worker's model clients, shared by its threads: the run's endpoint, and the images endpoint if another."""
+    """A worker's models, shared by its slots: the run's (model.registry), and the images endpoint's if another."""
 
-    chat: ModelClient
-    images: ModelClient
+    chat: Model
+    images: Model
 
     @classmethod
     def for_config(cls, cfg: RunConfig) -> Clients:
-        chat = ModelClient(cfg.model)
+        chat = models.make(cfg.model)
         t = cfg.tools
         if not (t.image_base_url or t.image_api_key):
             return cls(chat, chat)

@@ -24,8 +24,8 @@ from agentbatch.prompt_runner import PromptOutcome, PromptTask, RunConfig, now_i
 from agentbatch.run_files import RunFiles, iter_records, prompt_key, sample_key
 from agentbatch.run_statistics import RunStats, format_summary
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, owner_labels
-from agentbatch.tools.registry import unavailable_tools
-from toolset_distributions import TOOLSET_OF, Distribution, prompt_rng, sample_toolsets
+from agentbatch.tools.registry import load_tools, unavailable_tools
+from toolset_distributions import Distribution, prompt_rng, sample_toolsets
 
 log = logging.getLogger("batch_runner")
 CHECKPOINT_SECONDS = 2.0
@@ -231,8 +231,9 @@ class Session:
     def _warn_unavailable_tools(self) -> None:
         """One warning per missing backend, for the toolsets this distribution can sample, once at start."""
         by_reason: dict[str, list[str]] = {}
+        tools = load_tools()
         for name, reason in unavailable_tools(self.cfg.tools).items():
-            if TOOLSET_OF[name] in self.dist.probabilities:
+            if tools[name].toolset in self.dist.probabilities:
                 by_reason.setdefault(reason, []).append(name)
         for reason, names in by_reason.items():
             print(f"warning: not offered: {', '.join(names)}: {reason}", file=sys.stderr)

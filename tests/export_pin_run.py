@@ -39,7 +39,7 @@ def regular(i: int) -> dict:
             content = json.dumps({"output": _listing(i + r, 1000 + (i * 37) % 4000), "error": None if ok else "x"})
             messages.append({"role": "tool", "tool_call_id": f"c{i}_{r}_{k}", "name": n, "content": content, "ok": ok})
     completed = i % 6 != 0
-    stop = "answered" if completed else STOP_REASONS[1 + i % 4]
+    stop = "answered" if completed else list(STOP_REASONS)[1 + i % 4]
     if completed or i % 12:
         messages.append({"role": "assistant", "content": f"Done with {i}.", "reasoning": "" if i % 3 else "wrap up"})
     return build_record(

@@ -340,7 +340,7 @@ def test_calls_without_ids_or_with_object_arguments_are_normalised(tmp_path):
     # The scripted server always sends ids and string arguments; some real servers do neither, so a
     # stand-in client returns such a reply (the only case here that cannot go through the server).
     from agentbatch.agent_loop import run_agent
-    from agentbatch.model.client import Reply
+    from agentbatch.model.base import Reply
     from agentbatch.sandboxes.base import SandboxSpec
     from agentbatch.tools.registry import load_tools
 

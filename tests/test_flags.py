@@ -1,4 +1,4 @@
-"""Each flag is declared once (agentbatch/flags.py); the CLI, --help and the README follow from it."""
+"""Each flag is declared once (agentbatch/flags.py); the CLI, --help and docs/flags.md follow from it."""
 
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ from agentbatch.errors import FatalError
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_readme_flag_table_is_the_declared_one():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert flags.readme_table() in readme, (
-        "regenerate the table: python -c 'from agentbatch import flags; print(flags.readme_table())'"
-    )
+def test_the_flag_reference_page_is_the_declared_flags():
+    page = (ROOT / flags.REFERENCE_PAGE).read_text(encoding="utf-8")
+    assert page == flags.reference_page(), "regenerate it: python -m agentbatch.flags > docs/flags.md"
 
 
 def test_the_cli_signature_is_the_declared_flags():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from helpers import gpt_turns, model_settings, run_agent_once, tool_turns
@@ -13,7 +14,7 @@ from agentbatch.prompt_runner import Clients, RunConfig
 from agentbatch.tools.registry import offered_tools
 from agentbatch.tools.settings import ToolSettings
 from toolset_distributions import ALL_TOOL_NAMES, DISTRIBUTIONS, prompt_rng, sample_toolsets
-from trajectory import reasoning_counts, tool_stats, unknown_tools
+from trajectory import STOP_REASONS, reasoning_counts, unknown_tools
 
 N_LINES = 200
 SCENARIOS = 8
@@ -30,42 +31,9 @@ def tool(call_id: str, name: str, error: str | None) -> dict:
     return {"from": "tool", "value": json.dumps({"output": "", "error": error}), "tool_call_id": call_id, "name": name}
 
 
-def test_tool_stats_match_results_by_call_id_not_position():
-    conv = [
-        {"from": "human", "value": "q"},
-        gpt("", ("a", "terminal"), ("b", "read_file"), ("c", "write_file")),
-        tool("c", "write_file", None),
-        tool("b", "read_file", "FileNotFoundError: nope"),
-        tool("a", "terminal", None),
-        gpt("done"),
-    ]
-    stats = tool_stats(conv)
-    assert stats["terminal"] == {"count": 1, "success": 1, "failure": 0}
-    assert stats["read_file"] == {"count": 1, "success": 0, "failure": 1}
-    assert stats["write_file"] == {"count": 1, "success": 1, "failure": 0}
-    assert set(stats) == set(ALL_TOOL_NAMES)
-
-
-def test_tool_stats_with_ids_reused_across_turns_and_missing_results():
-    conv = [
-        {"from": "human", "value": "q"},
-        gpt("", ("call_0", "read_file")),
-        tool("call_0", "read_file", "FileNotFoundError"),
-        gpt("", ("call_0", "terminal"), ("lost", "patch")),
-        tool("call_0", "terminal", None),
-        gpt("done"),
-    ]
-    stats = tool_stats(conv)
-    assert stats["read_file"] == {"count": 1, "success": 0, "failure": 1}
-    assert stats["terminal"] == {"count": 1, "success": 1, "failure": 0}
-    # A call that never got a result did not succeed.
-    assert stats["patch"] == {"count": 1, "success": 0, "failure": 1}
-
-
 def test_unknown_tools_and_reasoning_counts():
     conv = [{"from": "human", "value": "q"}, gpt("<think>\nr\n</think>\nx", ("a", "made_up")), gpt("plain")]
     assert unknown_tools(conv) == {"made_up"}
-    assert tool_stats(conv)["made_up"]["count"] == 1
     assert reasoning_counts(conv) == (1, 1)
 
 
@@ -261,3 +229,9 @@ def test_a_resumed_run_mixing_old_and_new_lines_merges_into_one_loadable_file(li
     assert by_index[0]["stop_reason"] is None and by_index[0]["usage"].get("cost") is None  # old lines: null
     assert by_index[half]["stop_reason"] == records[half]["stop_reason"]
     assert by_index[half]["usage"]["cost"] == records[half]["usage"]["cost"]
+
+
+def test_every_stop_reason_is_documented_where_users_read_them():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "output.md").read_text(encoding="utf-8")
+    for reason in STOP_REASONS:
+        assert f"`{reason}`" in page, f"stop reason {reason} is not described in docs/output.md"

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 
-from agentbatch import process_guard
+from agentbatch import plugins, process_guard
 from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
 from agentbatch.tools.registry import load_tools
@@ -41,6 +41,7 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
     for conn in inherited:  # a forked worker's copies of the parent's pipe ends: EOF must mean the parent left
         conn.close()
     _name_process("br-worker")
+    plugins.load(cfg.plugins)  # a forked worker has them already; a spawned one imports them here
     clients = Clients.for_config(cfg)  # one connection per thread, one TLS context for all
     # The imported modules are tens of thousands of objects that live as long as the process; a full
     # collection walks them all and pauses every thread of the worker (bench/RESULTS.md).

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 import ray
 from ray.exceptions import RayActorError, RayError
 
-from agentbatch import process_guard
+from agentbatch import plugins, process_guard
 from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
 
@@ -42,6 +42,7 @@ class PromptActor:
     def __init__(self, cfg: RunConfig):
         process_guard.guard_worker(cfg.secrets, die_with_parent=False)  # Ray, not its parent, ends an actor
         self.cfg = cfg
+        plugins.load(cfg.plugins)  # the files a run named must exist on the actor's node too
         self.clients = Clients.for_config(cfg)
 
     def run(self, task: PromptTask) -> PromptOutcome:

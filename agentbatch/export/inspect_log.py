@@ -19,7 +19,8 @@ from agentbatch.export.common import outcome as outcome_fields
 from trajectory import result_succeeded, split_think_block
 
 # Our stop_reason → the nearest of Inspect's stop reasons for the last model output.
-STOP_REASONS = {"answered": "stop", "max_turns": "tool_calls", "length": "max_tokens", "context": "model_length"}
+# trajectory.STOP_REASONS in Inspect's words (its ModelOutput.stop_reason); the others are "unknown" there.
+INSPECT_STOP_REASON = {"answered": "stop", "max_turns": "tool_calls", "length": "max_tokens", "context": "model_length"}
 _CORE = ("conversations", "tools", "usage", "metadata", "discard_reason")
 
 
@@ -135,7 +136,7 @@ class Writer:
         choices = (
             [
                 m.ChatCompletionChoice(
-                    message=last, stop_reason=STOP_REASONS.get(outcome, "unknown"), logprobs=self._logprobs(last)
+                    message=last, stop_reason=INSPECT_STOP_REASON.get(outcome, "unknown"), logprobs=self._logprobs(last)
                 )
             ]
             if last

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentbatch.model import transport
+from agentbatch.model.base import ContextOverflow, DeadlineReached, ModelCallError, Reply
 from agentbatch.model.rate_limit import Pacer, shared_limits_path
 from agentbatch.model.rate_limit import retry_after as _retry_after
 from agentbatch.secrets_guard import Redactor
@@ -31,18 +32,6 @@ RETRIED_STATUSES = (408, 409, 429)
 # a few MB. Past these it is a runaway reply, refused before it takes a worker's memory, and retried.
 MAX_REPLY_BYTES = 8 * 1024 * 1024
 MAX_TOOL_CALLS = 128
-
-
-class ModelCallError(Exception):
-    """A model call failed for good (retries exhausted or an error retrying cannot fix)."""
-
-
-class ContextOverflow(ModelCallError):
-    """The conversation no longer fits the model's context window."""
-
-
-class DeadlineReached(ModelCallError):
-    """The prompt's time limit came before the model answered (the call was cut, or no retry fits before it)."""
 
 
 @dataclass
@@ -104,7 +93,7 @@ _CONTEXT_WORDS = ("context_length_exceeded", "maximum context length", "context 
 
 
 class ModelClient:
-    """One client per process, shared by its threads; each thread POSTs through its own keep-alive connection."""
+    """The HTTP model (model.base.Model): one client per process, shared by its threads; each thread POSTs through its own keep-alive connection."""
 
     def __init__(self, settings: ModelSettings):
         self.settings = settings
@@ -264,25 +253,6 @@ class ModelClient:
         with self._lock:
             jitter = self._rng.uniform(0.75, 1.25)
         return min(self.settings.retry_base_delay * 2**attempt, self.settings.retry_max_delay) * jitter
-
-
-class Reply(dict):
-    """The reply's JSON, also read by attribute as the openai types are (`r.choices[0].message`); absent is None.
-
-    Not ChatCompletion.construct: building the pydantic objects took ~0.1 ms a call, about a tenth of a
-    worker's CPU per prompt (bench/RESULTS.md), and the loop reads a handful of fields.
-    """
-
-    __slots__ = ()
-
-    def __getattr__(self, key: str) -> Any:
-        value = self.get(key)
-        # Replies are parsed with every object a Reply already; a Reply built from plain dicts wraps on access.
-        if type(value) is dict:
-            return Reply(value)
-        if type(value) is list and any(type(v) is dict for v in value):
-            return [Reply(v) if type(v) is dict else v for v in value]
-        return value
 
 
 # One decoder for every reply (json.loads with an object_hook builds a new one per call).

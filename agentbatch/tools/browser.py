@@ -15,7 +15,7 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from agentbatch.model.client import ModelCallError
+from agentbatch.model.base import ModelCallError
 from agentbatch.tools import url_policy
 from agentbatch.tools.browser_scripts import IMAGES_JS, SCROLL_JS, SNAPSHOT_JS
 from agentbatch.tools.browser_session import (

@@ -7,7 +7,7 @@ from typing import Any
 
 from agentbatch import sandboxes
 from agentbatch.limits import SessionLimits
-from agentbatch.model.client import ModelClient, Reply
+from agentbatch.model.base import Model, Reply
 from agentbatch.model.reasoning import split_reasoning
 from agentbatch.model.usage import Usage
 from agentbatch.sandboxes.base import Sandbox, SandboxError, SandboxSpec
@@ -22,9 +22,9 @@ class ToolContext:
         self,
         settings: ToolSettings,
         spec: SandboxSpec,
-        client: ModelClient,
+        client: Model,
         usage: Usage | None = None,
-        image_client: ModelClient | None = None,
+        image_client: Model | None = None,
         limits: SessionLimits | None = None,
         redact: Callable[[str], str] | None = None,
     ):

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated
 
-from agentbatch.model.client import ModelCallError
+from agentbatch.model.base import ModelCallError
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import tool
 from agentbatch.tools.settings import ToolSettings

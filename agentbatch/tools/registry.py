@@ -1,18 +1,23 @@
-"""How a tool is declared, offered and called.
+"""How a tool is declared, offered and called (docs/tools.md is the public reference).
 
 A tool is a function decorated with `@tool`: its name is the tool's name, its docstring the description,
 and its typed parameters (after the context) the JSON schema the model sees and the check its arguments
 pass before the function runs. `Annotated[str, "text"]` gives a parameter its description; a parameter
 with a default is optional. What the function returns (a dict) goes back to the model as JSON; a
 non-empty "error" marks the call failed.
+
+Every tool belongs to one toolset, the unit distributions sample: a built-in tool to its row of
+toolset_distributions.TOOLSETS, a plug-in's to `@tool(toolset=...)`, else its module's `TOOLSET`, else its
+module's name. Built-in and plug-in tools register the same way: their module is imported by the one
+plug-in loader (agentbatch/plugins.py).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
+import sys
 import threading
 import types
 import typing
@@ -20,14 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from agentbatch import plugins
 from agentbatch.sandboxes.base import SandboxLost
 from agentbatch.surrogates import scrub
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.settings import ToolSettings
 from toolset_distributions import ALL_TOOL_NAMES, TOOLSET_OF, TOOLSETS
 
-# The modules that declare tools, imported on first use (the browser's pulls in Playwright only when called).
-TOOL_MODULES = ("terminal", "files", "web", "vision", "image", "moa", "browser")
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _EXPECTED = {
     "string": "a string",
@@ -74,10 +78,7 @@ class Tool:
     function: Callable[..., dict]
     unavailable: Callable[[ToolSettings], str | None]
     aliases: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def toolset(self) -> str:
-        return TOOLSET_OF[self.name]
+    toolset: str = ""
 
     def schema(self) -> dict:
         """The OpenAI function-tool schema: one dict per tool, made once (the model client encodes it once too)."""
@@ -117,34 +118,85 @@ class Tool:
 
 _REGISTRY: dict[str, Tool] = {}
 _SCHEMAS: dict[str, tuple[Tool, dict]] = {}
-_LOADED: dict[str, Tool] = {}
+
+
+class ToolDeclarationError(ValueError):
+    """A tool cannot be declared: its name or toolset clashes with another, or its parameters have no schema."""
 
 
 def tool(
-    unavailable: Callable[[ToolSettings], str | None] | None = None, aliases: dict[str, str] | None = None
-) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
-    """Declare the decorated function as the tool of its name (one of the toolsets' tools)."""
+    fn: Callable[..., dict] | None = None,
+    *,
+    name: str | None = None,
+    toolset: str | None = None,
+    unavailable: Callable[[ToolSettings], str | None] | None = None,
+    aliases: dict[str, str] | None = None,
+):
+    """Declare the decorated function as a tool: `@tool`, or `@tool(toolset=..., name=..., unavailable=...)`.
+
+    `unavailable(settings)` says why the tool cannot be offered with the run's settings (or None);
+    `aliases` maps argument names models often use to the declared ones.
+    """
 
     def declare(fn: Callable[..., dict]) -> Callable[..., dict]:
-        if fn.__name__ not in TOOLSET_OF:
-            raise ValueError(f"{fn.__name__} is not a tool of any toolset")
-        _REGISTRY[fn.__name__] = Tool(
-            name=fn.__name__,
+        tool_name = name or fn.__name__
+        declared = Tool(
+            name=tool_name,
             description=" ".join((fn.__doc__ or "").split()),
             params=_params(fn),
             function=fn,
             unavailable=unavailable or (lambda settings: None),
             aliases=tuple((aliases or {}).items()),
+            toolset=_toolset_of(fn, tool_name, toolset),
         )
+        _register(declared)
         return fn
 
-    return declare
+    return declare(fn) if fn is not None else declare
+
+
+def _toolset_of(fn: Callable, name: str, given: str | None) -> str:
+    module = getattr(fn, "__module__", "") or ""
+    if module.startswith("agentbatch.tools."):  # a built-in: its row of the built-in table
+        if name not in TOOLSET_OF:
+            raise ToolDeclarationError(f"{name} is not a tool of any built-in toolset")
+        return TOOLSET_OF[name]
+    if given:
+        return given
+    declared = getattr(sys.modules.get(module), "TOOLSET", None)
+    return declared if isinstance(declared, str) and declared else module.rpartition(".")[2]
+
+
+def _register(t: Tool) -> None:
+    known = _REGISTRY.get(t.name)
+    if known is not None and _origin(known) != _origin(t):
+        where = (
+            "the built-in tool" if known.name in TOOLSET_OF and _origin(known).startswith("agentbatch.") else "the tool"
+        )
+        raise ToolDeclarationError(
+            f"tool {t.name!r} of {_origin(t)} clashes with {where} {t.name!r} of {_origin(known)} "
+            f"(toolset {known.toolset!r}); rename one"
+        )
+    if t.toolset in TOOLSETS and t.name not in TOOLSET_OF:  # the built-in distributions mean the built-in tools
+        raise ToolDeclarationError(
+            f"toolset {t.toolset!r} of {_origin(t)} is a built-in toolset's name; choose another"
+        )
+    _REGISTRY[t.name] = t
+
+
+def _origin(t: Tool) -> str:
+    return f"{t.function.__module__}.{t.function.__qualname__}"
 
 
 def _params(fn: Callable) -> tuple[Param, ...]:
-    hints = typing.get_type_hints(fn, include_extras=True)
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception as e:  # a name the annotations use is not defined
+        raise ToolDeclarationError(f"tool {fn.__name__}: its type annotations do not resolve ({e})") from e
     params = []
     for name, parameter in list(inspect.signature(fn).parameters.items())[1:]:  # the first is the context
+        if name not in hints:
+            raise ToolDeclarationError(f"tool {fn.__name__}: parameter {name!r} has no type annotation")
         hint, description = hints[name], None
         if typing.get_origin(hint) is Annotated:
             hint, description = typing.get_args(hint)[0], typing.get_args(hint)[1]
@@ -152,17 +204,15 @@ def _params(fn: Callable) -> tuple[Param, ...]:
             hint = next(a for a in typing.get_args(hint) if a is not type(None))  # Optional: not required
         required = parameter.default is inspect.Parameter.empty
         default = None if required else parameter.default
-        if typing.get_origin(hint) is typing.Literal:
+        if typing.get_origin(hint) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(hint)):
             params.append(Param(name, "string", description, required, default, typing.get_args(hint)))
+        elif hint in _JSON_TYPES or hint == list[str]:
+            kind = "array" if hint == list[str] else _JSON_TYPES[hint]
+            params.append(Param(name, kind, description, required, default))
         else:
-            params.append(
-                Param(
-                    name,
-                    "array" if typing.get_origin(hint) is list else _JSON_TYPES[hint],
-                    description,
-                    required,
-                    default,
-                )
+            raise ToolDeclarationError(
+                f"tool {fn.__name__}: parameter {name!r} is a {getattr(hint, '__name__', hint)}, which the schema "
+                "cannot express; use str, int, float, bool, list[str] or Literal of strings"
             )
     return tuple(params)
 
@@ -198,22 +248,29 @@ def _convert(p: Param, value: Any) -> Any:
 
 
 def load_tools() -> dict[str, Tool]:
-    """Every tool, by name (the modules that declare them are imported once)."""
-    if not _LOADED:
-        for module in TOOL_MODULES:
-            importlib.import_module(f"agentbatch.tools.{module}")
-        missing = set(ALL_TOOL_NAMES) - set(_REGISTRY)
-        if missing:
-            raise RuntimeError(f"tools declared in a toolset but by no module: {sorted(missing)}")
-        _LOADED.update((name, _REGISTRY[name]) for name in ALL_TOOL_NAMES)
-    return dict(_LOADED)
+    """Every tool, by name: the built-ins in their table's order, then the plug-ins' (plugins.load imports them)."""
+    plugins.load()
+    missing = set(ALL_TOOL_NAMES) - set(_REGISTRY)
+    if missing:
+        raise RuntimeError(f"tools declared in a toolset but by no module: {sorted(missing)}")
+    builtins = {name: _REGISTRY[name] for name in ALL_TOOL_NAMES}
+    return {**builtins, **{n: t for n, t in _REGISTRY.items() if n not in builtins}}
+
+
+def toolsets() -> dict[str, tuple[str, ...]]:
+    """Every toolset and its tools: the built-in table's, then the plug-ins' in the order they registered."""
+    out = {ts: list(names) for ts, names in TOOLSETS.items()}
+    for t in load_tools().values():
+        if t.name not in TOOLSET_OF:
+            out.setdefault(t.toolset, []).append(t.name)
+    return {ts: tuple(names) for ts, names in out.items()}
 
 
 def offered_tools(toolsets: list[str], settings: ToolSettings) -> list[Tool]:
     """The tools of the sampled toolsets that can work with these settings."""
     # Asked once per prompt: what a run's settings leave out is worked out once (a check may stat a file or
-    # look for a package), by one thread: the hundreds of sessions a run starts at once all ask at once, and
-    # each working it out again was ~0.6 ms of CPU per session start.
+    # look for a package), by one thread: the hundreds of samples a run starts at once all ask at once, and
+    # each working it out again was ~0.6 ms of CPU per sample start.
     usable = _usable.get(id(settings))
     if usable is None or usable[0] is not settings:
         with _usable_lock:
@@ -221,15 +278,16 @@ def offered_tools(toolsets: list[str], settings: ToolSettings) -> list[Tool]:
             if usable is None or usable[0] is not settings:
                 if len(_usable) > 64:
                     _usable.clear()
-                usable = _usable[id(settings)] = (
-                    settings,
-                    {n: t for n, t in load_tools().items() if t.unavailable(settings) is None},
-                )
-    tools = usable[1]
-    return [tools[name] for ts in toolsets for name in TOOLSETS[ts] if name in tools]
+                by_toolset: dict[str, list[Tool]] = {}
+                for t in load_tools().values():
+                    if t.unavailable(settings) is None:
+                        by_toolset.setdefault(t.toolset, []).append(t)
+                usable = _usable[id(settings)] = (settings, by_toolset)
+    by_toolset = usable[1]
+    return [t for ts in toolsets for t in by_toolset.get(ts, ())]
 
 
-_usable: dict[int, tuple[ToolSettings, dict[str, Tool]]] = {}
+_usable: dict[int, tuple[ToolSettings, dict[str, list[Tool]]]] = {}
 _usable_lock = threading.Lock()
 
 

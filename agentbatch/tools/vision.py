@@ -13,7 +13,7 @@ import base64
 import re
 from typing import Annotated
 
-from agentbatch.model.client import ModelCallError
+from agentbatch.model.base import ModelCallError
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import tool
 from agentbatch.tools.url_policy import check_url

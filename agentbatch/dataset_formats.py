@@ -1,0 +1,69 @@
+"""Dataset formats: what `--dataset_file` may name, and the one function that reads it (docs/datasets.md).
+
+A format is a class registered with `@dataset_format("name")` (built-in: `jsonl`, agentbatch/dataset.py;
+plug-ins register theirs the same way, agentbatch/plugins.py). It answers `claims(path)`: whether the
+path is a dataset of its kind, and `load(path, max_samples)`: the valid entries (dataset.Entry), at most
+`max_samples` of them, and one warning per skipped row. A dataset that cannot be used at all raises
+DatasetError (one line, exit 2). The formats registered last are asked first, so a plug-in can claim
+what a built-in would; `jsonl` claims whatever no other does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from agentbatch import plugins
+from agentbatch.errors import FatalError
+
+if TYPE_CHECKING:
+    from agentbatch.dataset import Entry
+
+
+class DatasetError(FatalError):
+    """The dataset cannot be used at all: missing, unreadable, or no valid entry."""
+
+
+class DatasetFormat(Protocol):
+    """A kind of dataset; one instance serves the run."""
+
+    name: str
+
+    def claims(self, path: str) -> bool:
+        """Whether `path` is a dataset of this format (asked before load, cheaply: a name, a marker file)."""
+
+    def load(self, path: str, max_samples: int | None) -> tuple[list[Entry], list[str]]:
+        """The valid entries (the first `max_samples`) and one warning per skipped row; DatasetError if none can be read."""
+
+
+_FORMATS: dict[str, DatasetFormat] = {}
+
+
+def dataset_format(name: str):
+    """Register the decorated class (instantiated without arguments) as the dataset format `name`."""
+
+    def declare(cls):
+        known = _FORMATS.get(name)
+        if known is not None and type(known).__qualname__ != cls.__qualname__:
+            raise ValueError(
+                f"dataset format {name!r} is registered twice: {type(known).__module__} and {cls.__module__}"
+            )
+        instance = cls()
+        instance.name = name
+        _FORMATS[name] = instance
+        return cls
+
+    return declare
+
+
+def formats() -> dict[str, DatasetFormat]:
+    """Every registered format, by name (the built-ins first)."""
+    plugins.load()
+    return dict(_FORMATS)
+
+
+def load(path: str, max_samples: int | None = None) -> tuple[list[Entry], list[str]]:
+    """The entries of the dataset at `path`, read by the last-registered format that claims it."""
+    for fmt in reversed(formats().values()):
+        if fmt.claims(path):
+            return fmt.load(path, max_samples)
+    raise DatasetError(f"no dataset format reads {path}; known formats: {', '.join(_FORMATS)}")

@@ -1,0 +1,183 @@
+"""The one loader of plug-ins: importing a plug-in module registers what it declares (docs/plugins.md).
+
+Tools (`@tool`), sandbox backends, dataset formats (`@dataset_format`) and models (`@register_model`)
+register through their decorators when their module is imported. The built-ins are imported here exactly as
+a third party's plug-ins are, in this order:
+
+1. BUILTINS, the package's own modules;
+2. every module named by an installed package's entry points in one of GROUPS, as simonw/llm finds its
+   plug-ins (`[project.entry-points."batch_runner.tools"] my_tools = "my_package.tools"`);
+3. the modules or `.py` files a run names (`--plugins`), in the order given.
+
+A worker (forked, spawned, or a Ray actor) calls `load` with the run's list at its start, so a plug-in
+file's tools exist in every worker. Loading twice imports nothing twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Iterable
+from types import ModuleType
+
+from agentbatch.errors import FatalError
+
+GROUPS = ("batch_runner.tools", "batch_runner.sandboxes", "batch_runner.datasets", "batch_runner.models")
+BUILTINS = (
+    # The tool modules; the browser's pulls in Playwright only when a browser tool is called.
+    "agentbatch.tools.terminal",
+    "agentbatch.tools.files",
+    "agentbatch.tools.web",
+    "agentbatch.tools.vision",
+    "agentbatch.tools.image",
+    "agentbatch.tools.moa",
+    "agentbatch.tools.browser",
+    # The JSONL dataset format.
+    "agentbatch.dataset",
+)
+
+_lock = threading.RLock()
+_installed = False  # BUILTINS and the entry points are imported (or being imported, by this thread)
+_named: dict[str, ModuleType] = {}  # what a run named (a module name or a file's real path) -> its module
+
+
+def load(named: Iterable[str] = ()) -> list[ModuleType]:
+    """Import the built-ins and the installed plug-ins (once), then each named module or file (once each).
+
+    Returns the modules of `named`, in order. A module that does not import, a name that is neither a
+    module nor a file, or a file whose name another module has is a FatalError naming it.
+    """
+    global _installed
+    with _lock:
+        if not _installed:
+            _installed = True  # first: a plug-in that asks for the tools while it is imported must not recurse
+            for name in BUILTINS:
+                importlib.import_module(name)
+            for group, name, value in entry_points():
+                _import(f"plug-in {value!r} (entry point {name!r} of {group})", lambda v=value: _load_value(v))
+        return [_load_named(spec) for spec in named]
+
+
+def loaded() -> tuple[str, ...]:
+    """The modules and files runs named so far, as they were named (what a worker must load again)."""
+    with _lock:
+        return tuple(_named)
+
+
+def _load_named(spec: str) -> ModuleType:
+    module = _named.get(spec)
+    if module is not None:
+        return module
+    if spec.endswith(".py") or os.sep in spec:
+        module = _from_file(spec)
+    else:
+        try:
+            found = importlib.util.find_spec(spec)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise FatalError(f"plug-in {spec!r}: no such module, and not a .py file")
+        module = _import(f"plug-in {spec!r}", lambda: importlib.import_module(spec))
+    _named[spec] = module
+    return module
+
+
+def _from_file(path: str) -> ModuleType:
+    """A .py file as a module named after it (so `my_tools.py` is the module, and the toolset, `my_tools`)."""
+    real = os.path.realpath(path)
+    if not os.path.isfile(real):
+        raise FatalError(f"plug-in file {path} does not exist")
+    name = os.path.splitext(os.path.basename(real))[0]
+    if not name.isidentifier():
+        raise FatalError(f"plug-in file {path}: {name!r} is not a Python module name; rename the file")
+    other = sys.modules.get(name)
+    if other is not None:
+        if os.path.realpath(getattr(other, "__file__", "") or "") == real:
+            return other
+        raise FatalError(f"plug-in file {path}: a module named {name!r} is already loaded; rename the file")
+    spec = importlib.util.spec_from_file_location(name, real)
+    if spec is None or spec.loader is None:
+        raise FatalError(f"plug-in file {path} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    folder = os.path.dirname(real)
+    if folder not in sys.path:
+        sys.path.append(folder)  # its neighbours import as they would next to it
+    try:
+        _import(f"plug-in file {path}", lambda: spec.loader.exec_module(module))
+    except FatalError:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import(what: str, do):
+    try:
+        return do()
+    except FatalError:
+        raise
+    except Exception as e:  # the plug-in's own error: one line naming it, the traceback with --verbose
+        where = ""
+        frames = traceback.extract_tb(e.__traceback__)
+        if frames:
+            where = f" ({os.path.basename(frames[-1].filename)}, line {frames[-1].lineno})"
+        text = " ".join(str(e).split())[:300]
+        raise FatalError(f"{what} does not import: {type(e).__name__}: {text}{where}") from e
+
+
+def entry_points() -> list[tuple[str, str, str]]:
+    """(group, name, value) of every installed package's entry point in GROUPS, by group, then name.
+
+    Read from the installed distributions' `entry_points.txt` directly: importlib.metadata's scan of every
+    distribution took ~90 ms of each run's start (the whole budget of the runner's fixed overhead is 300 ms),
+    this one ~10 ms. The first distribution of a name on sys.path wins, as for imports.
+    """
+    found: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for folder in sys.path:
+        try:
+            entries = sorted(os.scandir(folder or "."), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.name.endswith((".dist-info", ".egg-info")):
+                continue
+            dist = entry.name.rsplit(".", 1)[0].split("-")[0].lower().replace("_", "-")
+            if dist in seen:
+                continue
+            seen.add(dist)
+            try:
+                with open(os.path.join(entry.path, "entry_points.txt"), encoding="utf-8") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if "batch_runner." in text:
+                found.extend(_parse_entry_points(text))
+    return sorted(found)
+
+
+def _parse_entry_points(text: str) -> list[tuple[str, str, str]]:
+    out, group = [], None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            group = line[1:-1].strip()
+        elif group in GROUPS and "=" in line:
+            name, _, value = line.partition("=")
+            out.append((group, name.strip(), value.split("[")[0].strip()))
+    return out
+
+
+def _load_value(value: str):
+    """What an entry point names: `module` or `module:attribute` (importing the module registers it)."""
+    module, _, attribute = value.partition(":")
+    loaded = importlib.import_module(module.strip())
+    for part in filter(None, attribute.strip().split(".")):
+        loaded = getattr(loaded, part)
+    return loaded

@@ -1,0 +1,190 @@
+"""The plug-in seams (agentbatch/plugins.py): tools, dataset formats and models from files, modules and
+installed packages' entry points, loaded by the real CLI and by its workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
+
+from agentbatch import plugins
+from agentbatch.model.scripted import ScriptedModel
+from agentbatch.tools import registry
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+@pytest.fixture
+def isolated_registry():
+    """The registry and the loader as they were: a plug-in this test loads must not stay for the next tests."""
+    registry.load_tools()  # the built-ins stay, whoever loaded them first
+    tools, named, modules = dict(registry._REGISTRY), dict(plugins._named), set(sys.modules)
+    registry._usable.clear()
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(tools)
+    registry._usable.clear()
+    plugins._named.clear()
+    plugins._named.update(named)
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
+def test_a_tool_module_file_is_a_toolset_named_after_it(isolated_registry):
+    (module,) = plugins.load([str(PLUGINS / "word_tools.py")])
+    assert module.__name__ == "word_tools"
+    assert registry.toolsets()["word_tools"] == ("shout",)
+    shout = registry.load_tools()["shout"]
+    assert shout.schema()["function"] == {
+        "name": "shout",
+        "description": "Upper-case a text, repeated.",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string", "description": "what to shout"}, "times": {"type": "integer"}},
+            "required": ["text"],
+        },
+    }
+    result, ok = registry.call_tool(shout, '{"text": "hi", "times": "2"}', _context())
+    assert ok and json.loads(result) == {"output": "HI HI"}
+    # The built-ins keep their table's order and come first.
+    assert list(registry.toolsets())[:7] == ["web", "vision", "image_gen", "terminal", "file", "moa", "browser"]
+    assert plugins.load([str(PLUGINS / "word_tools.py")]) == [module]  # loaded once
+
+
+def _context():
+    from helpers import make_ctx
+
+    return make_ctx()
+
+
+def test_a_tool_that_clashes_with_a_built_in_is_refused_naming_both(tmp_path):
+    clash = tmp_path / "clash.py"
+    clash.write_text("from agentbatch import tool\n\n@tool\ndef terminal(ctx, command: str) -> dict:\n    return {}\n")
+    run = run_cli(_run_args(tmp_path, "--plugins=clash.py", "--model=scripted"), tmp_path)
+    assert run.returncode == 2
+    (line,) = run.stderr.strip().splitlines()
+    assert "clash.py" in line and "'terminal'" in line and "built-in" in line and "Traceback" not in run.stderr
+    assert not (tmp_path / "data" / "plug").exists()
+
+
+def test_a_module_that_does_not_import_is_one_line_with_its_exception(tmp_path):
+    (tmp_path / "broken.py").write_text("import json\n\nx = undefined_name\n")
+    run = run_cli(_run_args(tmp_path, "--plugins=broken.py"), tmp_path)
+    assert run.returncode == 2
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("error: plug-in file broken.py does not import: NameError:")
+    assert "undefined_name" in line and "line 3" in line
+    for missing in ("no_such_module_here", "nowhere/missing.py"):
+        run = run_cli(_run_args(tmp_path, f"--plugins={missing}"), tmp_path)
+        assert run.returncode == 2 and missing in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def _run_args(tmp_path, *extra: str) -> list[str]:
+    write_dataset(tmp_path / "prompts.jsonl", ["say something"])
+    return [
+        "--dataset_file=prompts.jsonl",
+        "--batch_size=2",
+        "--run_name=plug",
+        "--require_reasoning=false",
+        "--sandbox=local",
+        "--base_url=http://127.0.0.1:9/v1",
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_a_model_and_a_tool_from_files_run_through_the_cli_with_no_endpoint(tmp_path):
+    write_dataset(tmp_path / "prompts.jsonl", [f"prompt {i}" for i in range(4)])
+    args = [
+        "--dataset_file=prompts.jsonl",
+        "--batch_size=2",
+        "--run_name=plug",
+        "--sandbox=local",
+        "--distribution=terminal_only",
+        f"--plugins={PLUGINS / 'scripted_model.py'},{PLUGINS / 'word_tools.py'}",
+        "--model=scripted",
+        "--concurrency=4",
+    ]
+    # No --base_url and no key: the default endpoint is never called, nor needs a key.
+    run = run_cli(args, tmp_path)
+    assert_clean_exit(run)
+    records = RunDir(tmp_path / "data" / "plug").trajectories()
+    assert len(records) == 4
+    for record in records:
+        gpt = [t for t in record["conversations"] if t["from"] == "gpt"]
+        assert gpt[0]["tool_calls"][0]["name"] == "terminal"
+        assert gpt[-1]["value"].endswith("the terminal said: plugged in")
+        assert record["metadata"]["model"] == "scripted"
+
+
+@pytest.mark.slow
+def test_an_installed_packages_entry_point_adds_a_dataset_format(tmp_path):
+    site = tmp_path / "site"
+    (site / "lines_format-1.0.dist-info").mkdir(parents=True)
+    (site / "lines_format-1.0.dist-info" / "entry_points.txt").write_text(
+        "[console_scripts]\nother = x:y\n\n[batch_runner.datasets]\nlines = lines_format\n"
+    )
+    (site / "lines_format.py").write_text(
+        textwrap.dedent(
+            """
+            from agentbatch import Entry, dataset_format
+
+            @dataset_format("lines")
+            class Lines:
+                def claims(self, path):
+                    return path.endswith(".lines")
+
+                def load(self, path, max_samples):
+                    with open(path) as f:
+                        prompts = [p.strip() for p in f if p.strip()]
+                    return [Entry(i + 1, p) for i, p in enumerate(prompts)][:max_samples], []
+            """
+        )
+    )
+    (tmp_path / "prompts.lines").write_text("first prompt\nsecond prompt\n\nthird prompt\n")
+    args = [
+        "--dataset_file=prompts.lines",
+        "--batch_size=2",
+        "--run_name=lines",
+        "--sandbox=local",
+        "--distribution=terminal_only",
+        f"--plugins={PLUGINS / 'scripted_model.py'}",
+        "--model=scripted",
+        "--max_samples=2",
+    ]
+    run = run_cli(args, tmp_path, env={"PYTHONPATH": os.pathsep.join([str(site), *sys.path])})
+    assert_clean_exit(run)
+    prompts = sorted(r["conversations"][0]["value"] for r in RunDir(tmp_path / "data" / "lines").trajectories())
+    assert prompts == ["first prompt", "second prompt"]
+
+
+def test_the_scripted_model_drives_the_real_agent_loop(tmp_path):
+    from helpers import make_ctx
+
+    from agentbatch.agent_loop import run_agent
+    from agentbatch.sandboxes.base import SandboxSpec
+
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hello"}}]},
+            {"tool_calls": [{"name": "terminal", "arguments": '{"command": "cat a.txt"}'}]},
+            {"content": "a.txt says hello", "reasoning": "read it back"},
+        ]
+    )
+    ctx = make_ctx(spec=SandboxSpec(cwd=str(tmp_path)))
+    try:
+        tools = registry.offered_tools(["terminal", "file"], ctx.settings)
+        result = run_agent("write and read", model, tools, ctx, max_turns=5)
+    finally:
+        ctx.close()
+    assert result.completed and result.stop_reason == "answered" and result.api_calls == 3
+    assert (tmp_path / "a.txt").read_text() == "hello"
+    terminal_result = json.loads(result.messages[4]["content"])
+    assert terminal_result["output"].strip() == "hello"
+    assert [len(c["messages"]) for c in model.calls] == [1, 3, 5]
+    assert {s["function"]["name"] for s in model.calls[0]["tools"]} >= {"terminal", "write_file"}
