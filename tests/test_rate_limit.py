@@ -14,7 +14,8 @@ from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
 from scripted_rate_limit import RateLimit
 from scripted_server import ScriptedServer
 
-from agentbatch.model.client import ModelCallError, ModelClient, ModelSettings
+from agentbatch.model.base import ModelCallError
+from agentbatch.model.client import ModelClient, ModelSettings
 from agentbatch.model.rate_limit import (
     CLIMB,
     CUT,
