@@ -55,6 +55,15 @@ def test_the_rate_limited_server_accepts_its_burst_then_answers_429_with_openai_
     assert limits is not None and limits.rate == pytest.approx(2.0, rel=0.2)  # the bucket's rate, from headers
 
 
+def test_the_window_limit_counts_a_sliding_second_says_as_little_as_asked_and_moves_on_schedule():
+    said = RateLimit(3, headers=False, window=True)
+    assert [said.take() for _ in range(4)][2:] == [(True, {}), (False, {"Retry-After": "1"})]
+    bare = RateLimit(3, headers=False, window=True, retry_after=False)
+    assert [bare.take() for _ in range(4)][3] == (False, {})
+    moving = RateLimit(10, window=True, schedule=[(0, 10), (2, 3), (5, 10)])
+    assert [moving.rate_at(t) for t in (0.5, 2.5, 4.9, 9)] == [10, 3, 3, 10]
+
+
 def test_header_values_as_endpoints_write_them():
     assert _seconds("12ms") == pytest.approx(0.012) and _seconds("6m0s") == 360 and _seconds("1.5s") == 1.5
     assert _seconds("0.25") == 0.25 and _seconds("soon") is None and _seconds("") is None
