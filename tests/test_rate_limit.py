@@ -176,7 +176,7 @@ def test_the_rate_grows_only_while_calls_wait_for_it():
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert pacer.rate > rate / CUT  # past the ceiling it was cut from
+    assert pacer.rate > rate * 1.02  # on its way back to the ceiling it was cut from
 
 
 def test_retry_after_pauses_every_call_and_the_deadline_is_honoured():

@@ -55,10 +55,10 @@ GAIN = 1.0
 GAIN_DOWN = 0.5
 TARGET_LEFT = 0.2
 # Without headers: a 429 sets the rate to CUT of the ceiling (what the endpoint took in the last second); the
-# rate is back at the ceiling CLIMB seconds of waiting calls later, then its growth per second grows by EXPLORE
-# every second (×4 within ~3 s more: a limit that rose is found again), until the next 429.
+# rate is back at the ceiling CLIMB seconds of waiting calls later (or CLIMB_CALLS calls), then its growth per
+# second grows by EXPLORE every second (×4 within ~3 s more: a limit that rose is found again), until a 429.
 CUT = 0.95
-CLIMB = 1.0
+CLIMB, CLIMB_CALLS = 1.0, 40  # seconds, and at a low rate the time of this many calls (fewer cycles of 429s)
 EXPLORE = 0.6
 SETTLE = 1.0  # seconds after a cut that a window limit still counts the calls from before it
 LIFT = 1.2  # accepted in a second over this many times the rate: the ceiling was too low
@@ -208,7 +208,8 @@ class Pacer:
         self.mode = "paced"
         if limits:
             self.rate = _clamp(limits.rate * self.share)
-            self._ceiling, self._climb = self.rate, CLIMB
+            self._ceiling = self.rate
+            self._climb = self._climb_seconds()
             total = limits.rate
         else:  # what the endpoint took in the last second (those still in flight included), a little less
             # Another worker may have sent more of that second before its first 429: our share of what it saw.
@@ -290,7 +291,7 @@ class Pacer:
             self._accepted.popleft()
         if len(self._accepted) > max(self._ceiling, LIFT * self.rate + 1):
             self._lift(len(self._accepted))
-        rate = self._ceiling * _climbed(self._climb)
+        rate = self._ceiling * _climbed(self._climb, self._climb_seconds())
         if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
             rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
         self.rate = _clamp(rate)
@@ -300,11 +301,14 @@ class Pacer:
         share = self.rate / ceiling
         self._ceiling = ceiling
         if share > 1.0:  # where on the growth past the ceiling the rate already is
-            self._climb = CLIMB + math.sqrt(2 * math.log(share) / EXPLORE)
+            self._climb = self._climb_seconds() + math.sqrt(2 * math.log(share) / EXPLORE)
         elif share > CUT:  # where on the climb back to it
-            self._climb = CLIMB * (1 - ((1 - share) / (1 - CUT)) ** (1 / 3))
+            self._climb = self._climb_seconds() * (1 - ((1 - share) / (1 - CUT)) ** (1 / 3))
         else:
             self._climb = 0.0
+
+    def _climb_seconds(self) -> float:
+        return max(CLIMB, CLIMB_CALLS / self._ceiling) if self._ceiling > 0 else CLIMB
 
     def _sent(self, now: float) -> int:
         """Calls started in the last second."""
@@ -319,12 +323,12 @@ class Pacer:
         return max(0, self._sent(now) - len(self._refusals))
 
 
-def _climbed(t: float) -> float:
+def _climbed(t: float, climb: float) -> float:
     """The rate `t` seconds of waiting calls after a cut, as a share of the ceiling: CUBIC's concave climb back
-    to it within CLIMB seconds, then a growth that itself grows by EXPLORE a second."""
-    if t < CLIMB:
-        return 1.0 - (1.0 - CUT) * (1.0 - t / CLIMB) ** 3
-    return math.exp(min(EXPLORE * (t - CLIMB) ** 2 / 2, 20.0))
+    to it within `climb` seconds, then a growth that itself grows by EXPLORE a second."""
+    if t < climb:
+        return 1.0 - (1.0 - CUT) * (1.0 - t / climb) ** 3
+    return math.exp(min(EXPLORE * (t - climb) ** 2 / 2, 20.0))
 
 
 def _clamp(rate: float) -> float:
