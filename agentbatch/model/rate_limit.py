@@ -28,11 +28,7 @@ no success between), every call waits for the Retry-After, or BARE_PAUSE when th
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import math
-import os
 import re
 import threading
 import time
@@ -40,6 +36,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from agentbatch.model.pacing_peers import Peers
 
 # Calls in flight over all processes before the endpoint has answered anything, doubled every PROBE_DOUBLING
 # seconds of waiting for that answer; each process takes its share.
@@ -58,14 +56,17 @@ TARGET_LEFT = 0.2
 # rate is back at the ceiling CLIMB seconds of waiting calls later (or CLIMB_CALLS calls), then its growth per
 # second grows by EXPLORE every second (×4 within ~3 s more: a limit that rose is found again), until a 429.
 CUT = 0.95
-CLIMB, CLIMB_CALLS = 1.0, 40  # seconds, and at a low rate the time of this many calls (fewer cycles of 429s)
-EXPLORE = 0.6
+PLATEAU = 1.0  # seconds at the ceiling before growing past it: fewer 429s, each a second's wait for its call
+CLIMB, CLIMB_CALLS = 1.0, 20  # seconds, and at a low rate the time of this many calls (fewer cycles of 429s)
+EXPLORE = 1.0
 SETTLE = 1.0  # seconds after a cut that a window limit still counts the calls from before it
+TELL_SECONDS = 0.25  # how often a worker tells the others what it sends (bench (14): the runs' last seconds)
 LIFT = 1.2  # accepted in a second over this many times the rate: the ceiling was too low
 AHEAD = 2.0  # past the ceiling, the rate stays within this many times the calls started in about the last second
 # STREAK 429s in a row and no success for STREAK_SECONDS: the endpoint refuses everything, so every call waits.
 STREAK, STREAK_SECONDS = 3, 0.25
 BARE_PAUSE = 1.0  # that wait when the 429 names none
+MARGIN = 0.02  # seconds after the endpoint's second is over (our clock and its differ by a send)
 SLACK = 0.01  # seconds of permits issued together when the issuer wakes late (a busy CPU)
 MIN_RATE = 0.5  # calls per second
 MAX_RATE = 10_000.0
@@ -87,10 +88,10 @@ class Limits:
 class Pacer:
     """When each model call of this process may start; shared by the worker's threads."""
 
-    def __init__(self, share: float = 1.0, enabled: bool = True, shared: str | None = None):
+    def __init__(self, share: float = 1.0, enabled: bool = True, peers: Peers | None = None):
         self.share = share
         self.enabled = enabled
-        self.shared = shared  # a file the workers leave the endpoint's rate in, so a later one need not probe
+        self.peers = peers or Peers(None, "")  # the other workers pacing calls to this endpoint
         self.mode = "probe"  # probe, open (no limit seen) or paced
         self.rate: float | None = None
         lock = threading.Lock()
@@ -106,6 +107,11 @@ class Pacer:
         self._ceiling = 0.0  # without headers: what the endpoint took in the second it last refused a call
         self._climb = 0.0  # seconds of calls waiting for the pacer since the last cut
         self._streak = 0  # 429s since the last success
+        self._total = 0.0  # without headers: what the endpoint took in a second from all workers, at the last cut
+        self._first_refusal: float | None = None  # the first 429's time, until the calls before it are settled
+        self._told = float("-inf")  # when this process last told the others what it sends
+        self._idle = False  # and whether it had no call left then
+        self._telling: float | None = None  # what to tell them once the lock is released
         self._last_success = float("-inf")
         # Start times of the calls of about the last second, of those refused, and of those accepted.
         self._starts: deque[float] = deque(maxlen=16384)
@@ -151,18 +157,34 @@ class Pacer:
             elif 200 <= status < 300:
                 self._streak, self._last_success = 0, now
                 if self.mode == "open":
+                    self._accepted.append(ticket)  # what a first 429 will find was accepted before it
                     return  # no limit seen: nothing to adapt (and no headers to read)
                 limits = _limits(headers)
                 if self.mode == "probe" and limits:
                     self._pace(now, limits)
                 elif self.mode == "probe":
                     self.mode = "open"
+                    self._accepted.append(ticket)
                 else:
                     self._grow(now, ticket, limits)
             elif self.mode == "open":
                 return
             if self.mode != "paced":
                 self._cond.notify_all()
+            telling, self._telling = self._telling, None
+        if telling is not None:
+            self._exchange(telling, now)
+
+    def _exchange(self, sending: float, now: float) -> None:
+        """Tell the other workers what this one sends (nothing, as soon as its calls are done), and take up
+        what they leave of the endpoint's allowance: the last prompts of a run drain from some workers first.
+        Files are read and written outside the lock: a busy disk must not hold every call back."""
+        self.peers.tell_sending(sending, now)
+        others = self.peers.others_sending(now)
+        with self._cond:
+            room = self._total - others
+            if room > LIFT * self._ceiling:
+                self._lift(room)
 
     def _try_start(self, now: float) -> float | None:
         """None if a call may start now (and takes its permit), else how long to wait before asking again."""
@@ -178,7 +200,7 @@ class Pacer:
             return None
         if self._probe_start is None:
             self._probe_start = now
-            known = _read_shared(self.shared)
+            known = self.peers.known_rate()
             if known:  # another worker already found the endpoint's rate: start paced at our share of it
                 self._pace(now, Limits(known, 0.0, 0.0))
                 return 0.0
@@ -195,6 +217,8 @@ class Pacer:
                 if now < due:
                     self._issuer_cond.wait(due - now)
                     continue
+                if self._first_refusal is not None:
+                    self._settle_first()
                 room = max(1, int(self.rate * SLACK)) - self._permits
                 if room <= 0:  # not taken yet (no call is waiting)
                     self._issuer_cond.wait(1.0)
@@ -211,14 +235,15 @@ class Pacer:
             self._ceiling = self.rate
             self._climb = self._climb_seconds()
             total = limits.rate
-        else:  # what the endpoint took in the last second (those still in flight included), a little less
-            # Another worker may have sent more of that second before its first 429: our share of what it saw.
-            total = max(_read_shared(self.shared) or 0.0, self._taken(now) / self.share)
-            self._ceiling = max(MIN_RATE, total * self.share)
+        else:  # what the endpoint took in the last second (those still in flight counted in), a little less
+            self._ceiling = max(MIN_RATE, self._taken(now))
             self.rate = _clamp(CUT * self._ceiling)
             self._climb = 0.0
+            total = self._ceiling / self.share
+            self._first_refusal = now  # once the calls sent before it are answered, what they show is sure
         self._last_update = now
-        _write_shared(self.shared, total)
+        self._total = total if limits else 0.0
+        self.peers.tell_rate(total)
         if self._issuer is None:
             self._issuer = threading.Thread(target=self._issue, name="model-call-pacer", daemon=True)
             self._issuer.start()
@@ -241,7 +266,8 @@ class Pacer:
 
     def _refused(self, now: float, ticket: float, headers) -> None:
         """A 429 or overload answer without rate-limit headers: Retry-After at most, or nothing."""
-        self._streak += 1
+        if ticket >= self._paused_until:  # a call started during a pause met what came before it
+            self._streak += 1
         self._refusals.append(ticket)
         first = self.mode != "paced"
         if first:
@@ -253,6 +279,7 @@ class Pacer:
             taken = self._taken(now)
             cut = ticket > self._last_cut + SETTLE or taken < self.rate
             if cut:
+                self._total = taken + self.peers.others_sending(now)
                 self._ceiling = max(MIN_RATE, min(self.rate, taken))
                 self.rate = _clamp(CUT * self._ceiling)
                 self._climb = 0.0
@@ -262,9 +289,16 @@ class Pacer:
             self._last_cut = self._last_update = now
             self._permits = 0
             self._issuer_cond.notify()
-        if first or (self._streak >= STREAK and now - self._last_success >= STREAK_SECONDS):  # it refuses all
+        quiet = now - max(self._last_success, self._paused_until)  # no success, though calls were sent
+        if first or (self._streak >= STREAK and quiet >= STREAK_SECONDS):  # the endpoint refuses everything
             pause = retry_after(headers)
-            self._pause(now, BARE_PAUSE if pause is None else pause)
+            pause = BARE_PAUSE if pause is None else pause
+            if first and self._sent(now):
+                # The calls before the first 429 went out at once and used up the endpoint's second: it is
+                # over (a window, or a bucket refilled) a second after the first of them, often sooner than
+                # a Retry-After in whole seconds says. The refused calls themselves still wait for it.
+                pause = min(pause, self._starts[0] + 1.0 + MARGIN - now)
+            self._pause(now, pause)
 
     def _pause(self, now: float, seconds: float) -> None:
         """No call starts for `seconds` (at most MAX_PAUSE): the permits issued are void."""
@@ -291,6 +325,10 @@ class Pacer:
             self._accepted.popleft()
         if len(self._accepted) > max(self._ceiling, LIFT * self.rate + 1):
             self._lift(len(self._accepted))
+        idle = not self._waiting and not self._in_flight
+        if self.peers.directory and (now - self._told >= TELL_SECONDS or idle != self._idle):
+            self._told, self._idle = now, idle
+            self._telling = 0.0 if idle else float(self._sent(now))  # told by release(), outside the lock
         rate = self._ceiling * _climbed(self._climb, self._climb_seconds())
         if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
             rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
@@ -301,10 +339,21 @@ class Pacer:
         share = self.rate / ceiling
         self._ceiling = ceiling
         if share > 1.0:  # where on the growth past the ceiling the rate already is
-            self._climb = self._climb_seconds() + math.sqrt(2 * math.log(share) / EXPLORE)
+            self._climb = self._climb_seconds() + PLATEAU + math.sqrt(2 * math.log(share) / EXPLORE)
         elif share > CUT:  # where on the climb back to it
             self._climb = self._climb_seconds() * (1 - ((1 - share) / (1 - CUT)) ** (1 / 3))
         else:
+            self._climb = 0.0
+
+    def _settle_first(self) -> None:
+        """The first pause is over, and every call sent before the first 429 answered: those accepted within
+        the second before it are the ceiling (the calls in flight then, counted as taken, may have been refused)."""
+        since, until = self._first_refusal - 1.0, self._first_refusal
+        self._first_refusal = None
+        burst = sum(1 for t in self._accepted if since <= t <= until)
+        if burst:
+            self._ceiling = burst
+            self.rate = _clamp(CUT * burst)
             self._climb = 0.0
 
     def _climb_seconds(self) -> float:
@@ -325,10 +374,10 @@ class Pacer:
 
 def _climbed(t: float, climb: float) -> float:
     """The rate `t` seconds of waiting calls after a cut, as a share of the ceiling: CUBIC's concave climb back
-    to it within `climb` seconds, then a growth that itself grows by EXPLORE a second."""
+    to it within `climb` seconds, PLATEAU seconds at it, then a growth that itself grows by EXPLORE a second."""
     if t < climb:
         return 1.0 - (1.0 - CUT) * (1.0 - t / climb) ** 3
-    return math.exp(min(EXPLORE * (t - climb) ** 2 / 2, 20.0))
+    return math.exp(min(EXPLORE * max(0.0, t - climb - PLATEAU) ** 2 / 2, 20.0))
 
 
 def _clamp(rate: float) -> float:
@@ -346,36 +395,6 @@ def _probe_wait(in_flight: int, waiting: int, elapsed: float, share: float) -> f
         return None
     # The window holds n calls once base * 2 ** (t / PROBE_DOUBLING) reaches n.
     return max(0.001, PROBE_DOUBLING * math.log2((in_flight + waiting + 1) / base) - elapsed)
-
-
-def shared_limits_path(directory: str | None, base_url: str) -> str | None:
-    """The file in `directory` where the workers leave what they learn of this endpoint's rate."""
-    if not directory:
-        return None
-    return os.path.join(directory, hashlib.blake2b(base_url.encode(), digest_size=8).hexdigest() + ".json")
-
-
-def _read_shared(path: str | None) -> float | None:
-    try:
-        with open(path or "", encoding="utf-8") as f:
-            rate = json.load(f).get("rate")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
-
-
-def _write_shared(path: str | None, rate: float) -> None:
-    """Leave the endpoint's rate for the other workers (written whole, then renamed: never read half-written)."""
-    if not path:
-        return
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"rate": rate}, f)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
 
 
 def _limits(headers: Mapping[str, str] | None) -> Limits | None:
