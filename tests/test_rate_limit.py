@@ -16,6 +16,7 @@ from scripted_server import ScriptedServer
 
 from agentbatch.model.base import ModelCallError
 from agentbatch.model.client import ModelClient, ModelSettings
+from agentbatch.model.pacing_peers import Peers
 from agentbatch.model.rate_limit import (
     CLIMB,
     CUT,
@@ -270,3 +271,36 @@ def test_the_pacer_follows_a_limit_that_moves_down_and_back_up():
     # Back up: within a few seconds of the limit's return the pacer sends at most of it again.
     back = per_second(seen["accepted_at"], origin + 12, origin + 14)
     assert back >= 0.7 * rate, f"{back:.1f} accepted a second, 3 s after the limit went back to {rate}"
+
+
+def test_a_worker_takes_up_what_an_idle_one_leaves_of_the_limit(tmp_path):
+    """Two workers share a window limit; when one runs out of calls (its last prompts done), the other,
+    whose calls still wait, is soon sending at most of the limit instead of its half."""
+    rate = 40
+    limit = RateLimit(rate, headers=False, window=True)
+    workers = {w: Pacer(share=0.5, peers=Peers(str(tmp_path), "endpoint", me=w)) for w in "ab"}
+    start = time.monotonic()
+    stops = {"a": start + 11, "b": start + 6}
+    accepted: list[float] = []
+
+    def calls(w: str) -> None:
+        pacer = workers[w]
+        while time.monotonic() < stops[w]:  # a worker's last calls still go, as its last prompts finish
+            ticket = pacer.acquire(deadline=stops[w] + 30)
+            ok, headers = limit.take()
+            if ok:
+                time.sleep(0.02)
+                if w == "a":
+                    accepted.append(time.monotonic())
+            pacer.release(ticket, 200 if ok else 429, {k.lower(): v for k, v in headers.items()})
+            if not ok:
+                time.sleep(retry_after({k.lower(): v for k, v in headers.items()}) or 1.0)
+
+    threads = [threading.Thread(target=calls, args=(w,)) for w in "ab" for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    alone = per_second(accepted, stops["b"] + 1, stops["b"] + 3)
+    # On its own it would find the limit again too, by growing past its ceiling: some seconds later.
+    assert alone >= 0.9 * rate, f"{alone:.1f} a second, 1-3 s after the other worker ran out of calls"

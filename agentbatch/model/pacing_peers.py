@@ -18,9 +18,10 @@ FRESH = 2.0  # seconds a worker's word on what it sends holds (a pause is up to 
 class Peers:
     """This process's view of the others pacing calls to the same endpoint (alone when there is no directory)."""
 
-    def __init__(self, directory: str | None, base_url: str):
+    def __init__(self, directory: str | None, base_url: str, me: str | None = None):
         self.directory = directory
         self.stem = hashlib.blake2b(base_url.encode(), digest_size=8).hexdigest()
+        self.me = me or str(os.getpid())  # which worker this is (its process id)
 
     def known_rate(self) -> float | None:
         """The endpoint's rate over all workers, as the workers found it, or None."""
@@ -32,13 +33,13 @@ class Peers:
 
     def tell_sending(self, rate: float, now: float) -> None:
         """Calls a second this process sends now (`now`: time.monotonic, one clock for every process here)."""
-        _write(self._path(f".{os.getpid()}.sending"), {"rate": rate, "at": now})
+        _write(self._path(f".{self.me}.sending"), {"rate": rate, "at": now})
 
     def others_sending(self, now: float) -> float:
         """Calls a second the other workers said they send, within the last FRESH seconds."""
         if not self.directory:
             return 0.0
-        mine = f"{self.stem}.{os.getpid()}.sending"
+        mine = f"{self.stem}.{self.me}.sending"
         total = 0.0
         with contextlib.suppress(OSError):
             for entry in os.scandir(self.directory):
