@@ -57,7 +57,11 @@ TARGET_LEFT = 0.2
 # second grows by EXPLORE every second (×4 within ~3 s more: a limit that rose is found again), until a 429.
 CUT = 0.95
 PLATEAU = 1.0  # seconds at the ceiling before growing past it: fewer 429s, each a second's wait for its call
-CLIMB, CLIMB_CALLS = 1.0, 20  # seconds, and at a low rate the time of this many calls (fewer cycles of 429s)
+CLIMB, CLIMB_CALLS, CLIMB_MAX = (
+    1.0,
+    20,
+    3.0,
+)  # seconds, and at a low rate the time of this many calls (fewer cycles of 429s)
 EXPLORE = 1.0
 SETTLE = 1.0  # seconds after a cut that a window limit still counts the calls from before it
 TELL_SECONDS = 0.25  # how often a worker tells the others what it sends (bench (14): the runs' last seconds)
@@ -112,6 +116,7 @@ class Pacer:
         self._told = float("-inf")  # when this process last told the others what it sends
         self._idle = False  # and whether it had no call left then
         self._telling: float | None = None  # what to tell them once the lock is released
+        self._cut_to: float | None = None  # and the ceiling of a cut, to tell them what the endpoint takes
         self._last_success = float("-inf")
         # Start times of the calls of about the last second, of those refused, and of those accepted.
         self._starts: deque[float] = deque(maxlen=16384)
@@ -172,17 +177,27 @@ class Pacer:
             if self.mode != "paced":
                 self._cond.notify_all()
             telling, self._telling = self._telling, None
-        if telling is not None:
-            self._exchange(telling, now)
+            cut_to, self._cut_to = self._cut_to, None
+        if telling is not None or cut_to is not None:
+            self._exchange(now, telling, cut_to)
 
-    def _exchange(self, sending: float, now: float) -> None:
-        """Tell the other workers what this one sends (nothing, as soon as its calls are done), and take up
-        what they leave of the endpoint's allowance: the last prompts of a run drain from some workers first.
-        Files are read and written outside the lock: a busy disk must not hold every call back."""
-        self.peers.tell_sending(sending, now)
+    def _exchange(self, now: float, sending: float | None, cut_to: float | None) -> None:
+        """What the workers tell each other (files, read and written outside the lock: a busy disk must not
+        hold every call back). A cut tells them what the endpoint takes from all of them: this worker's new
+        ceiling and what the others send. Now and then each tells what it sends (nothing, as soon as its
+        calls are done) and takes up, with calls waiting, its share of what the endpoint takes, or all of it
+        once the others are done: a worker whose first 429 came before it had sent much starts far below
+        the others, and the last prompts of a run drain from some workers first."""
+        if sending is not None:
+            self.peers.tell_sending(sending, now)
         others = self.peers.others_sending(now)
+        if cut_to is not None:
+            self.peers.tell_rate(cut_to + others)
+        total = self.peers.known_rate() or 0.0
         with self._cond:
-            room = self._total - others
+            self._total = total
+            # What the others do not claim (their share while their calls wait, else what they send).
+            room = max(total * self.share, total - others) if self._waiting else 0.0
             if room > LIFT * self._ceiling:
                 self._lift(room)
 
@@ -234,16 +249,14 @@ class Pacer:
             self.rate = _clamp(limits.rate * self.share)
             self._ceiling = self.rate
             self._climb = self._climb_seconds()
-            total = limits.rate
+            self._total = limits.rate
+            self.peers.tell_rate(limits.rate)
         else:  # what the endpoint took in the last second (those still in flight counted in), a little less
             self._ceiling = max(MIN_RATE, self._taken(now))
             self.rate = _clamp(CUT * self._ceiling)
             self._climb = 0.0
-            total = self._ceiling / self.share
             self._first_refusal = now  # once the calls sent before it are answered, what they show is sure
         self._last_update = now
-        self._total = total if limits else 0.0
-        self.peers.tell_rate(total)
         if self._issuer is None:
             self._issuer = threading.Thread(target=self._issue, name="model-call-pacer", daemon=True)
             self._issuer.start()
@@ -279,8 +292,8 @@ class Pacer:
             taken = self._taken(now)
             cut = ticket > self._last_cut + SETTLE or taken < self.rate
             if cut:
-                self._total = taken + self.peers.others_sending(now)
                 self._ceiling = max(MIN_RATE, min(self.rate, taken))
+                self._cut_to = self._ceiling
                 self.rate = _clamp(CUT * self._ceiling)
                 self._climb = 0.0
         else:
@@ -326,9 +339,13 @@ class Pacer:
         if len(self._accepted) > max(self._ceiling, LIFT * self.rate + 1):
             self._lift(len(self._accepted))
         idle = not self._waiting and not self._in_flight
-        if self.peers.directory and (now - self._told >= TELL_SECONDS or idle != self._idle):
+        settled = self._first_refusal is None  # (before, what it sent was the burst before its first 429)
+        if self.peers.directory and settled and (now - self._told >= TELL_SECONDS or idle != self._idle):
             self._told, self._idle = now, idle
-            self._telling = 0.0 if idle else float(self._sent(now))  # told by release(), outside the lock
+            # What it sends at its pace, or its share of the endpoint while its calls wait for more: what it
+            # claims of the limit. Told by release(), outside the lock.
+            sending = min(self.rate, float(self._sent(now)))
+            self._telling = 0.0 if idle else max(sending, self._total * self.share) if self._waiting else sending
         rate = self._ceiling * _climbed(self._climb, self._climb_seconds())
         if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
             rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
@@ -357,7 +374,7 @@ class Pacer:
             self._climb = 0.0
 
     def _climb_seconds(self) -> float:
-        return max(CLIMB, CLIMB_CALLS / self._ceiling) if self._ceiling > 0 else CLIMB
+        return max(CLIMB, min(CLIMB_MAX, CLIMB_CALLS / self._ceiling)) if self._ceiling > 0 else CLIMB
 
     def _sent(self, now: float) -> int:
         """Calls started in the last second."""
