@@ -304,3 +304,34 @@ def test_a_worker_takes_up_what_an_idle_one_leaves_of_the_limit(tmp_path):
     alone = per_second(accepted, stops["b"] + 1, stops["b"] + 3)
     # On its own it would find the limit again too, by growing past its ceiling: some seconds later.
     assert alone >= 0.9 * rate, f"{alone:.1f} a second, 1-3 s after the other worker ran out of calls"
+
+
+class RecordedWindow(RateLimit):
+    """A window limit that notes, per server connection (one per client thread), when each request came and
+    the Retry-After a refusal gave."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: dict[int, list[tuple[float, float | None]]] = {}
+
+    def take(self):
+        accepted, headers = super().take()
+        wait = None if accepted else float(headers.get("Retry-After", 0))
+        self.seen.setdefault(threading.get_ident(), []).append((time.monotonic(), wait))
+        return accepted, headers
+
+
+def test_a_refused_call_never_starts_again_before_its_retry_after():
+    """The pacer may let other calls go sooner, but a refused call waits for the time its 429 gave."""
+    with ScriptedServer(default_script=ONE_CALL, latency=0.05) as srv:
+        srv.rate_limit = RecordedWindow(30, headers=False, window=True)
+        failed = drive(srv, threads=16, seconds=6)
+        seen = srv.rate_limit.seen
+    assert not failed
+    refusals = 0
+    for requests in seen.values():  # one connection: one thread's calls, each retry right after its 429
+        for (at, wait), (then, _) in zip(requests, requests[1:], strict=False):
+            if wait is not None:
+                refusals += 1
+                assert then - at >= wait - 0.01, f"called again {then - at:.3f} s after a 429 that said {wait:g} s"
+    assert refusals >= 1  # the run met the limit, so the rule was exercised
