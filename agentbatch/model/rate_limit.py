@@ -67,7 +67,9 @@ SETTLE = 1.0  # seconds after a cut that a window limit still counts the calls f
 TELL_SECONDS = 0.25  # how often a worker tells the others what it sends (bench (14): the runs' last seconds)
 LIFT = 1.2  # accepted in a second over this many times the rate: the ceiling was too low
 AHEAD = 2.0  # past the ceiling, the rate stays within this many times the calls started in about the last second
-# STREAK 429s in a row and no success for STREAK_SECONDS: the endpoint refuses everything, so every call waits.
+# STREAK 429s in a row (and STREAK_SECONDS of calls at the rate: a worker the CPU held up a moment may read a
+# few refusals before the successes of the same moment) and no success for STREAK_SECONDS: the endpoint
+# refuses everything, so every call waits.
 STREAK, STREAK_SECONDS = 3, 0.25
 BARE_PAUSE = 1.0  # that wait when the 429 names none
 MARGIN = 0.02  # seconds after the endpoint's second is over (our clock and its differ by a send)
@@ -303,7 +305,8 @@ class Pacer:
             self._permits = 0
             self._issuer_cond.notify()
         quiet = now - max(self._last_success, self._paused_until)  # no success, though calls were sent
-        if first or (self._streak >= STREAK and quiet >= STREAK_SECONDS):  # the endpoint refuses everything
+        streak = self._streak >= max(STREAK, STREAK_SECONDS * self.rate)  # a quarter second of calls at least
+        if first or (streak and quiet >= STREAK_SECONDS):  # the endpoint refuses everything
             pause = retry_after(headers)
             pause = BARE_PAUSE if pause is None else pause
             if first and self._sent(now):
