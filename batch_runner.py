@@ -23,7 +23,13 @@ def main(**values: Any) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         if flag_checks.boolean("list_distributions", values.get("list_distributions", False)):
-            print(format_distributions())
+            own = ("distributions_file", "tools", "mcp_config", "plugins")
+            if any(values.get(name) is not None for name in own):  # checked against the toolsets they name
+                from agentbatch import launch
+
+                print(launch.distributions_text(values))
+            else:
+                print(format_distributions())
             return
         from agentbatch import launch
 

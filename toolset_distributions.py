@@ -1,8 +1,14 @@
-"""The toolsets, their tools, and the distributions that sample toolsets per prompt with a seeded RNG."""
+"""The toolsets, their tools, and the distributions that sample toolsets per prompt with a seeded RNG.
+
+TOOLSETS and DISTRIBUTIONS are the built-ins; a run may add toolsets (tool modules, MCP servers) and
+distributions (`--distributions_file`, read by `read_distributions`), which sample the same way.
+"""
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 TOOLSETS: dict[str, tuple[str, ...]] = {
@@ -32,15 +38,22 @@ TOOLSET_OF: dict[str, str] = {t: ts for ts, tools in TOOLSETS.items() for t in t
 
 @dataclass(frozen=True)
 class Distribution:
-    """A named set of independent per-toolset probabilities (percent)."""
+    """A named set of independent per-toolset probabilities (percent), and the file that declared it if any."""
 
     name: str
     description: str
-    probabilities: dict[str, int]
+    probabilities: dict[str, float]
+    source: str | None = None
 
-    def ranked(self) -> list[tuple[str, int]]:
-        """Toolsets by probability, highest first (ties in TOOLSET_ORDER)."""
-        return sorted(self.probabilities.items(), key=lambda kv: (-kv[1], TOOLSET_ORDER.index(kv[0])))
+    def order(self) -> list[str]:
+        """Its toolsets in the order they are drawn: the built-ins' order, then the others as the file lists them."""
+        builtin = [ts for ts in TOOLSET_ORDER if ts in self.probabilities]
+        return builtin + [ts for ts in self.probabilities if ts not in TOOLSETS]
+
+    def ranked(self) -> list[tuple[str, float]]:
+        """Toolsets by probability, highest first (ties in drawing order)."""
+        order = self.order()
+        return sorted(self.probabilities.items(), key=lambda kv: (-kv[1], order.index(kv[0])))
 
 
 def _d(name: str, description: str, *percents: int | None) -> Distribution:
@@ -74,18 +87,96 @@ DISTRIBUTIONS: dict[str, Distribution] = {
 }
 
 
-class UnknownDistribution(ValueError):
+class DistributionError(ValueError):
+    """A distribution cannot be used: its name is unknown, or a distributions file is wrong (one line)."""
+
+
+class UnknownDistribution(DistributionError):
     """No distribution has that name."""
 
 
-def get_distribution(name: str) -> Distribution:
-    """The distribution of that name, or an error listing the valid names."""
+def get_distribution(name: str, table: dict[str, Distribution] | None = None) -> Distribution:
+    """The distribution of that name (in `table`, else the built-ins), or an error listing the valid names."""
+    table = DISTRIBUTIONS if table is None else table
     try:
-        return DISTRIBUTIONS[name]
+        return table[name]
     except KeyError:
         raise UnknownDistribution(
-            f"unknown distribution {name!r}; choose one of: {', '.join(DISTRIBUTIONS)} (see --list_distributions)"
+            f"unknown distribution {name!r}; choose one of: {', '.join(table)} (see --list_distributions)"
         ) from None
+
+
+def with_file(path: str | None) -> dict[str, Distribution]:
+    """The built-in distributions, and those of a --distributions_file (a name it reuses replaces the built-in)."""
+    return {**DISTRIBUTIONS, **read_distributions(path)} if path else dict(DISTRIBUTIONS)
+
+
+def read_distributions(path: str) -> dict[str, Distribution]:
+    """The distributions of a --distributions_file (JSON, or YAML): `{name: {toolset: percent}}` or
+    `{name: {"description": ..., "toolsets": {toolset: percent}}}`; DistributionError naming the first problem."""
+    where = f"--distributions_file {path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise DistributionError(f"{where}: cannot read it: {e.strerror or e}") from None
+    data = _decode(text, path, where)
+    if not isinstance(data, dict) or not data:
+        raise DistributionError(f"{where}: expected an object of distributions: {{name: {{toolset: percent}}}}")
+    return {name: _distribution(name, value, f"{where}: distribution {name!r}", path) for name, value in data.items()}
+
+
+def _decode(text: str, path: str, where: str) -> object:
+    if not path.endswith((".yaml", ".yml")):
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            if path.endswith(".json"):
+                raise DistributionError(f"{where}: not JSON: {e}") from None
+    try:
+        import yaml
+    except ImportError:
+        raise DistributionError(f"{where}: reading YAML needs PyYAML (pip install pyyaml)") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise DistributionError(f"{where}: not JSON or YAML: {' '.join(str(e).split())}") from None
+
+
+def _distribution(name: object, value: object, where: str, source: str) -> Distribution:
+    if not isinstance(name, str) or not name.strip():
+        raise DistributionError(f"{where}: a name must be a non-empty string")
+    description = ""
+    if isinstance(value, dict) and "toolsets" in value and set(value) <= {"toolsets", "description"}:
+        description, value = value.get("description") or "", value["toolsets"]
+        if not isinstance(description, str):
+            raise DistributionError(f"{where}: description must be a string")
+    if not isinstance(value, dict) or not value:
+        raise DistributionError(f'{where}: expected toolsets with a percent each, e.g. {{"web": 50}}')
+    probabilities: dict[str, float] = {}
+    for toolset, percent in value.items():
+        if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 <= percent <= 100:
+            raise DistributionError(f"{where}: {toolset}: {percent!r} is not a percent from 0 to 100")
+        if percent:
+            probabilities[str(toolset)] = int(percent) if float(percent).is_integer() else float(percent)
+    if not probabilities:
+        raise DistributionError(f"{where}: every toolset is at 0%")
+    return Distribution(name, " ".join(description.split()), probabilities, source)
+
+
+def check_toolsets(table: dict[str, Distribution], toolsets: Iterable[str]) -> None:
+    """DistributionError for the first distribution naming a toolset that is not among `toolsets`."""
+    known = list(toolsets)
+    for d in table.values():
+        unknown = [ts for ts in d.probabilities if ts not in known]
+        if unknown:
+            where = (
+                f"--distributions_file {d.source}: distribution {d.name!r}" if d.source else f"distribution {d.name!r}"
+            )
+            raise DistributionError(
+                f"{where} names the toolset {unknown[0]!r}, which this run does not have; "
+                f"its toolsets: {', '.join(known)}"
+            )
 
 
 def prompt_rng(seed: int | None, prompt_index: int) -> random.Random:
@@ -97,14 +188,15 @@ def prompt_rng(seed: int | None, prompt_index: int) -> random.Random:
 
 def sample_toolsets(dist: Distribution, rng: random.Random) -> list[str]:
     """Flip each toolset independently; if none came up, take the most probable (first listed on ties)."""
-    chosen = [ts for ts in TOOLSET_ORDER if ts in dist.probabilities and rng.random() * 100 < dist.probabilities[ts]]
+    chosen = [ts for ts in dist.order() if rng.random() * 100 < dist.probabilities[ts]]
     return chosen or [dist.ranked()[0][0]]
 
 
-def format_distributions() -> str:
-    """The --list_distributions text: name, description, toolsets by probability."""
+def format_distributions(table: dict[str, Distribution] | None = None) -> str:
+    """The --list_distributions text: name, description, toolsets by probability (and the file of each it read)."""
     lines = []
-    for d in DISTRIBUTIONS.values():
-        lines.append(f"{d.name}: {d.description}")
+    for d in (DISTRIBUTIONS if table is None else table).values():
+        source = f"(from {d.source})" if d.source else ""
+        lines.append(f"{d.name}: " + " ".join(part for part in (d.description, source) if part))
         lines.append("    " + ", ".join(f"{ts} {p}%" for ts, p in d.ranked()))
     return "\n".join(lines)

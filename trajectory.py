@@ -1,8 +1,9 @@
-"""Messages → the trajectory line (ShareGPT turns, README "Output"), tool statistics and reasoning statistics."""
+"""Messages → the trajectory line (ShareGPT turns, docs/output.md), tool statistics and reasoning statistics."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from toolset_distributions import ALL_TOOL_NAMES
@@ -54,12 +55,24 @@ STOP_REASONS: dict[str, str] = {
 
 
 def no_check() -> dict:
-    """The outcome fields of a line whose row has no check (README, "Verified outcomes")."""
+    """The outcome fields of a line whose row has no check (docs/verified-outcomes.md)."""
     return {
         "reward": None,
         "passed": None,
-        "check": {"status": "none", "exit_code": None, "output": "", "seconds": 0.0, "answer_matched": None},
+        "check": {
+            "status": "none",
+            "exit_code": None,
+            "output": "",
+            "seconds": 0.0,
+            "answer_matched": None,
+            "rewards": None,
+        },
     }
+
+
+def no_task() -> dict:
+    """The `task` of a line whose row is not a Harbor task: the same keys, no values (docs/harbor.md)."""
+    return {"name": None, "difficulty": None, "category": None, "tags": []}
 
 
 def with_think_block(reasoning: str, content: str) -> str:
@@ -136,13 +149,36 @@ def from_openai_messages(messages: list[dict]) -> list[dict]:
     return turns
 
 
-def _zero_stats() -> dict[str, dict[str, int]]:
-    return {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOL_NAMES}
+_BUILT_IN = frozenset(ALL_TOOL_NAMES)
 
 
-def tool_stats_of(messages: list[dict]) -> dict[str, dict[str, int]]:
-    """Per tool: calls, successes, failures, from the agent loop's tool messages and the `ok` each carries."""
-    stats = _zero_stats()
+def _zero_stats(names: Iterable[str]) -> dict[str, dict[str, int]]:
+    return {name: {"count": 0, "success": 0, "failure": 0} for name in names}
+
+
+def with_tool_names(record: dict, names: tuple[str, ...]) -> dict:
+    """The line with an entry in tool_stats and tool_error_counts for each of `names`, in that order (zeros where
+    it has none, its own entries beyond them after): a resumed run whose tools changed gives every line the same
+    keys. The line itself when it has them already."""
+    stats, errors = record.get("tool_stats"), record.get("tool_error_counts")
+    if not isinstance(stats, dict) or not isinstance(errors, dict):
+        return record
+    if tuple(stats) == names and tuple(errors) == names:
+        return record
+    zero = {"count": 0, "success": 0, "failure": 0}
+    return {
+        **record,
+        "tool_stats": {**{n: stats.get(n, zero) for n in names}, **stats},
+        "tool_error_counts": {**{n: errors.get(n, 0) for n in names}, **errors},
+    }
+
+
+def tool_stats_of(messages: list[dict], names: Iterable[str] = ALL_TOOL_NAMES) -> dict[str, dict[str, int]]:
+    """Per tool: calls, successes, failures, from the agent loop's tool messages and the `ok` each carries.
+
+    Every tool of `names` (the run's tools: the built-ins and its own) has an entry, called or not.
+    """
+    stats = _zero_stats(names)
     for m in messages:
         if m["role"] == "tool":
             entry = stats.setdefault(m["name"], {"count": 0, "success": 0, "failure": 0})
@@ -167,10 +203,9 @@ def reasoning_counts(conversations: list[dict]) -> tuple[int, int]:
     return with_r, len(gpt) - with_r
 
 
-def unknown_tools(conversations: list[dict]) -> set[str]:
-    """Tool names called in these turns that are not tools of any toolset."""
-    known = set(ALL_TOOL_NAMES)
-    return {c.get("name") for t in conversations for c in t.get("tool_calls") or []} - known
+def unknown_tools(conversations: list[dict], known: Collection[str] = _BUILT_IN) -> set[str]:
+    """Tool names called in these turns that are not among `known` (the run's tools: the built-ins and its own)."""
+    return {name for t in conversations for c in t.get("tool_calls") or [] if (name := c.get("name")) not in known}
 
 
 def build_record(
@@ -189,21 +224,30 @@ def build_record(
     tool_schemas: list[dict],
     sample_index: int = 0,
     outcome: dict | None = None,
+    identity: str | None = None,
+    tool_names: Iterable[str] = ALL_TOOL_NAMES,
+    task: dict | None = None,
+    duration_seconds: float | None = None,
 ) -> dict:
-    """One trajectory line; every line has the same keys and nested shape, so `datasets` loads any mix.
+    """One trajectory line; every line of a run has the same keys and nested shape, so `datasets` loads any mix.
 
-    `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()).
+    `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()); `identity` is the
+    row's (dataset.task_identity), which the runner always gives; `tool_names` are the run's tools, each with
+    its entry in `tool_stats` and `tool_error_counts`; `task` is a Harbor task's name, difficulty, category
+    and tags; `duration_seconds` how long the sample ran, from its sandbox's check to its own check's end.
     """
     conversations = to_conversations(messages)
-    stats = tool_stats_of(messages)
+    stats = tool_stats_of(messages, tool_names)
     return {
         "prompt_index": prompt_index,
         "conversations": conversations,
         "metadata": {"batch_num": batch_num, "timestamp": timestamp, "model": model},
+        "task": dict(task) if task else no_task(),
         "completed": completed,
         "partial": partial,
         "stop_reason": stop_reason,
         "sample_index": sample_index,
+        **({"identity": identity} if identity is not None else {}),
         **(outcome or no_check()),
         "api_calls": api_calls,
         "toolsets_used": list(toolsets),
@@ -214,6 +258,7 @@ def build_record(
             # Always a float, 0.0 when unknown: `datasets` fixes a column's type from the first lines it reads.
             "cost": float(usage.get("cost") or 0.0),
         },
+        **({"duration_seconds": round(float(duration_seconds), 3)} if duration_seconds is not None else {}),
         "tools": _schemas_text(tool_schemas),
     }
 
@@ -235,7 +280,7 @@ def _schemas_text(tool_schemas: list[dict]) -> str:
 
 # Values some lines show and others leave absent or null. `datasets` fixes each column's type from the first
 # lines it reads, and cannot cast a later number, list or new field into a column it typed as null or missing;
-# so the merge writes first one line showing each kind the file holds (run_files.RunFiles.merge). Each kind has
+# so the merge writes first one line showing each kind the file holds (run_dir/merge.py). Each kind has
 # a byte pattern that a line showing it must contain (a key right before its value: JSON escapes quotes inside
 # strings, so a key spelled inside a tool result cannot match), to skip parsing most lines.
 VALUE_KINDS: dict[str, bytes] = {
@@ -245,6 +290,10 @@ VALUE_KINDS: dict[str, bytes] = {
     "reward": b'"reward": ',
     "check_exit_code": b'"exit_code": ',
     "answer_matched": b'"answer_matched": ',
+    "identity": b'"identity": "',
+    "rewards": b'"rewards": ',
+    "task": b'"task": {"name": ',
+    "duration": b'"duration_seconds": ',
 }
 
 
@@ -259,11 +308,15 @@ def shown_kinds(record: dict) -> set[str]:
         "reward": record.get("reward") is not None,
         "check_exit_code": check is not None and check.get("exit_code") is not None,
         "answer_matched": check is not None and check.get("answer_matched") is not None,
+        "identity": isinstance(record.get("identity"), str),
+        "rewards": check is not None and check.get("rewards") is not None,
+        "task": isinstance(record.get("task"), dict) and record["task"].get("name") is not None,
+        "duration": isinstance(record.get("duration_seconds"), int | float),
     }
     return {kind for kind, yes in shown.items() if yes}
 
 
-_CHECK_KINDS = frozenset({"reward", "check_exit_code", "answer_matched"})
+_CHECK_KINDS = frozenset({"reward", "check_exit_code", "answer_matched", "rewards"})
 _NO_CHECK = b'"check": {"status": "none"'  # how build_record writes a line without a check
 
 

@@ -18,7 +18,7 @@ _PUBLIC = {
     "Sandbox": "agentbatch.sandboxes.base",
     "ExecResult": "agentbatch.sandboxes.base",
     "dataset_format": "agentbatch.dataset_formats",
-    "DatasetError": "agentbatch.dataset_formats",
+    "DatasetError": "agentbatch.dataset",
     "Entry": "agentbatch.dataset",
     "register_model": "agentbatch.model.registry",
     "Model": "agentbatch.model.base",

@@ -1,11 +1,13 @@
-"""The run's budget (--budget_usd, --budget_tokens; README "Limits, cost and budget").
+"""The run's budget (--budget_usd, --budget_tokens; docs/limits.md).
 
 What the run has spent is read from its files when a session starts (the batch files, discarded.jsonl and
 failed.jsonl: every attempt that was paid for) and grows as this session's prompts finish. A prompt may
 start only while what is spent, plus the projected cost of the prompts in flight and of this one, stays
-within the budget; running prompts always finish. The projection is the mean spend of the prompts finished
-so far, with a margin that shrinks as more of them finish; before any has finished one prompt runs at a
-time (or, with a per-prompt limit, as many as the limit allows), so even the first wave cannot overrun.
+within the budget; running prompts always finish. The projection is the mean spend of the paid attempts so
+far (those that spent anything: a failed setup, a missing image or a refused request costs nothing and says
+nothing about what a prompt costs), with a margin that shrinks as more of them finish, and never more than a
+per-prompt limit; before any paid attempt has finished one prompt runs at a time (or, with a per-prompt
+limit, as many as the limit allows), so even the first wave cannot overrun.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import math
 from dataclasses import dataclass
 
 from agentbatch.model.usage import cost_of
-from agentbatch.run_files import RunFiles, iter_records
+from agentbatch.run_dir import lines
+from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
 
 
 @dataclass(frozen=True)
@@ -33,24 +36,32 @@ class BudgetSettings:
 
 @dataclass
 class Spend:
-    """USD and tokens spent over some finished attempts."""
+    """USD and tokens spent over some finished attempts, and how many of them spent anything."""
 
     cost: float = 0.0
     tokens: int = 0
     attempts: int = 0
+    paid: int = 0
 
-    def add(self, usage: dict | None) -> None:
-        self.cost += cost_of(usage)
-        self.tokens += int((usage or {}).get("total_tokens") or 0)
+    def add(self, usage: object) -> None:
+        cost, tokens = cost_of(usage), tokens_of(usage)
+        self.cost += cost
+        self.tokens += tokens
         self.attempts += 1
+        self.paid += cost > 0 or tokens > 0
 
 
-def spent_in(files: RunFiles) -> Spend:
+def tokens_of(usage: object) -> int:
+    """The total tokens of a saved `usage` object; 0 for anything but a whole number (a hand edit, a foreign line)."""
+    value = usage.get("total_tokens") if isinstance(usage, dict) else None
+    return value if type(value) is int and value > 0 else 0
+
+
+def spent_in(paths: RunPaths) -> Spend:
     """What the sessions before this one spent, from every line of the run's files."""
     spend = Spend()
-    paths = [files.batch_path(n) for n in files.batch_numbers()]
-    for path in (*paths, files.path("discarded.jsonl"), files.path("failed.jsonl")):
-        for record in iter_records(path):
+    for path in (*paths.batches(), paths.path(DISCARDED), paths.path(FAILED)):
+        for record in lines.records(path):
             spend.add(record.get("usage"))
     return spend
 
@@ -70,8 +81,8 @@ class Budget:
     def may_start(self, in_flight: int) -> bool:
         """Whether one more prompt fits, `in_flight` prompts running."""
         s, spent = self.settings, self.spent
-        return _fits(s.usd, spent.cost, spent, s.usd_per_prompt, in_flight, lambda sp: sp.cost) and _fits(
-            s.tokens, spent.tokens, spent, s.tokens_per_prompt, in_flight, lambda sp: sp.tokens
+        return _fits(s.usd, spent.cost, spent.paid, s.usd_per_prompt, in_flight) and _fits(
+            s.tokens, spent.tokens, spent.paid, s.tokens_per_prompt, in_flight
         )
 
     def prompts_left(self, in_flight: int) -> int | None:
@@ -88,10 +99,11 @@ class Budget:
         return n
 
     def mean_cost(self) -> float | None:
-        return self.spent.cost / self.spent.attempts if self.spent.attempts else None
+        """The mean cost of a paid attempt; None before one has finished."""
+        return self.spent.cost / self.spent.paid if self.spent.paid else None
 
     def mean_tokens(self) -> float | None:
-        return self.spent.tokens / self.spent.attempts if self.spent.attempts else None
+        return self.spent.tokens / self.spent.paid if self.spent.paid else None
 
     def describe(self) -> str:
         """The budget and its spend, for the summary: "$4.98 of $5.00, 120000 of 200000 tokens"."""
@@ -103,16 +115,18 @@ class Budget:
         return ", ".join(parts)
 
 
-def _fits(limit, spent, so_far: Spend, per_prompt_cap, in_flight: int, amount) -> bool:
+def _fits(limit, spent, paid: int, per_prompt_cap, in_flight: int) -> bool:
     if limit is None:
         return True
     if spent >= limit:
         return False
-    if so_far.attempts == 0:
+    if paid == 0:
         if per_prompt_cap is None:
-            return in_flight == 0  # nothing known yet: one prompt at a time until one has finished
+            return in_flight == 0  # nothing known yet: one prompt at a time until one has spent something
         return spent + (in_flight + 1) * per_prompt_cap <= limit
-    mean = amount(so_far) / so_far.attempts
-    # A mean over few prompts may be far off: project more than it, less so as more prompts finish.
-    margin = 1 + 2 / math.sqrt(so_far.attempts)
-    return spent + (in_flight + 1) * mean * margin <= limit
+    # A mean over few prompts may be far off: project more than it, less so as more prompts finish; a
+    # per-prompt limit bounds what each prompt can spend, whatever the mean says.
+    each = spent / paid * (1 + 2 / math.sqrt(paid))
+    if per_prompt_cap is not None:
+        each = min(each, per_prompt_cap)
+    return spent + (in_flight + 1) * each <= limit

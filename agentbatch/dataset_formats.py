@@ -1,6 +1,6 @@
 """Dataset formats: what `--dataset_file` may name, and the one function that reads it (docs/datasets.md).
 
-A format is a class registered with `@dataset_format("name")` (built-in: `jsonl`, agentbatch/dataset.py;
+A format is a class registered with `@dataset_format("name")` (built-in: `jsonl`, agentbatch/dataset_jsonl.py;
 plug-ins register theirs the same way, agentbatch/plugins.py). It answers `claims(path)`: whether the
 path is a dataset of its kind, and `load(path, max_samples)`: the valid entries (dataset.Entry), at most
 `max_samples` of them, and one warning per skipped row. A dataset that cannot be used at all raises
@@ -10,17 +10,10 @@ what a built-in would; `jsonl` claims whatever no other does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from agentbatch import plugins
-from agentbatch.errors import FatalError
-
-if TYPE_CHECKING:
-    from agentbatch.dataset import Entry
-
-
-class DatasetError(FatalError):
-    """The dataset cannot be used at all: missing, unreadable, or no valid entry."""
+from agentbatch.dataset import DatasetError, Entry
 
 
 class DatasetFormat(Protocol):

@@ -14,9 +14,12 @@ from typing import Any
 from agentbatch import flag_checks as check
 from agentbatch.errors import FatalError
 from agentbatch.export import check_formats
-from toolset_distributions import TOOLSETS, Distribution, UnknownDistribution, get_distribution
+from agentbatch.model import numbers
 
 Check = Callable[[str, Any], Any]
+# Samples in flight (and sandboxes started at once): capacity.py finds how many this machine can hold.
+MAX_SAMPLES_IN_FLIGHT = 1_000_000
+MAX_PIDS = 4_194_304  # Linux's most process ids (pid_max)
 
 
 def _as_is(name: str, value: Any) -> Any:
@@ -31,23 +34,16 @@ def _optional(fn: Check) -> Check:
     return lambda name, value: None if value is None else fn(name, value)
 
 
-def _int(minimum: int) -> Check:
-    return lambda name, value: check.positive_int(name, value, minimum)
+def _int(minimum: int, maximum: int = 2**31 - 1) -> Check:
+    return check.whole(minimum, maximum)
 
 
-def _toolsets(name: str, value: Any) -> tuple[str, ...]:
-    names = check.name_list(name, value)
-    unknown = [n for n in names if n not in TOOLSETS]
-    if unknown:
-        raise FatalError(f"--{name}: unknown toolset {unknown[0]!r}; choose from {', '.join(TOOLSETS)}")
-    return names
-
-
-def _distribution(name: str) -> Distribution:
-    try:
-        return get_distribution(name)
-    except UnknownDistribution as e:
-        raise FatalError(str(e)) from None
+def _distribution(name: str, value: Any) -> str:
+    """The name; which distributions exist is known once --distributions_file is read (tool_set.distributions)."""
+    text = str(value).strip()
+    if not text:
+        raise FatalError(f"--{name} is empty; see --list_distributions")
+    return text
 
 
 def _seed(name: str, value: Any) -> int | None:
@@ -85,24 +81,48 @@ def _t(name: str, default: Any, help: str, check: Check = _text, shown: str | No
 
 
 FLAGS: tuple[Flag, ...] = (
-    _t("dataset_file", None, 'JSONL file, one {"prompt": ...} object per line (see "The dataset")', shown="required"),
-    Flag("batch_size", None, "prompts per batch file", _optional(_int(1)), shown_default="required", kind=int),
-    _t("run_name", None, "output goes to <output_dir>/<run_name>/", _optional(check.run_name), shown="required"),
     _t(
-        "distribution",
-        "default",
-        "toolset distribution, see --list_distributions",
-        lambda n, v: _distribution(str(v)),
+        "dataset_file",
+        None,
+        'JSONL file, one {"prompt": ...} object per line (see "The dataset")',
+        check.input_path,
+        shown="required",
+    ),
+    Flag("batch_size", None, "prompts per batch file", _optional(_int(1, 10**9)), shown_default="required", kind=int),
+    _t("run_name", None, "output goes to <output_dir>/<run_name>/", _optional(check.run_name), shown="required"),
+    _t("distribution", "default", "toolset distribution, see --list_distributions", _distribution),
+    Flag(
+        "tools",
+        None,
+        "your own tool modules: Python modules or .py files (comma-separated) of `@tool` functions, each module a "
+        "toolset (see docs/tools.md)",
+        check.name_list,
+        kind=str,
+    ),
+    _t(
+        "mcp_config",
+        None,
+        "an mcp.json of MCP servers (stdio or Streamable HTTP) whose tools the run offers, each server a toolset "
+        "(see docs/tools.md)",
+        check.input_file,
+    ),
+    _t(
+        "distributions_file",
+        None,
+        "a JSON or YAML file of distributions (toolset: percent) added to the built-ins, or replacing one of the "
+        "same name (see docs/tools.md)",
+        check.input_file,
     ),
     _t("model", "anthropic/claude-sonnet-4.6", "model name at the endpoint; `local` runs the embedded model offline"),
-    _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint"),
+    _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint", check.base_url),
     _t(
         "api_key",
         None,
         "else OPENROUTER_API_KEY, else OPENAI_API_KEY; required for openrouter.ai and api.openai.com",
+        lambda n, v: check.header_safe(f"--{n}", v),
         shown="env",
     ),
-    Flag("max_turns", 10, "model calls per prompt", _int(1)),
+    Flag("max_turns", 10, "model calls per prompt", _int(1, 1_000_000)),
     Flag(
         "max_tokens",
         None,
@@ -114,49 +134,49 @@ FLAGS: tuple[Flag, ...] = (
         "max_tokens_per_prompt",
         None,
         "tokens (prompt + completion, all calls) after which a prompt makes no further model call: `partial`, stop_reason `tokens`",
-        _optional(_int(1)),
+        _optional(_int(1, numbers.MAX_COUNT)),
         kind=int,
     ),
     Flag(
         "max_cost_per_prompt",
         None,
         "USD after which a prompt makes no further model call: `partial`, stop_reason `cost`",
-        _optional(check.positive_float),
+        _optional(check.usd),
         kind=float,
     ),
     Flag(
         "prompt_timeout",
         None,
         "seconds a prompt may run, tools included; its model call or command is cut then: `partial`, stop_reason `time`",
-        _optional(check.positive_float),
+        _optional(check.seconds),
         kind=float,
     ),
     Flag(
         "price_input",
         None,
         "USD per million prompt tokens, for the cost of calls whose endpoint reports none",
-        _optional(check.non_negative_float),
+        _optional(check.price),
         kind=float,
     ),
     Flag(
         "price_output",
         None,
         "USD per million completion tokens, for the cost of calls whose endpoint reports none",
-        _optional(check.non_negative_float),
+        _optional(check.price),
         kind=float,
     ),
     Flag(
         "budget_usd",
         None,
         'spend of the whole run, earlier sessions included, past which no new prompt starts (see "Limits, cost and budget")',
-        _optional(check.positive_float),
+        _optional(check.usd),
         kind=float,
     ),
     Flag(
         "budget_tokens",
         None,
         "tokens of the whole run, earlier sessions included, past which no new prompt starts",
-        _optional(_int(1)),
+        _optional(_int(1, 10**15)),
         kind=int,
     ),
     Flag(
@@ -164,14 +184,14 @@ FLAGS: tuple[Flag, ...] = (
         4,
         "parallel sessions: a worker runs one prompt at a time, as a thread; the threads share at most one "
         "process per core (see Scale)",
-        _int(1),
+        _int(1, MAX_SAMPLES_IN_FLIGHT),
     ),
     Flag(
         "concurrency",
         None,
         "prompts in flight, when given: overrides --num_workers (1,024 work on 2 cores); model calls are paced "
         "below it when the endpoint answers 429 or is overloaded",
-        _optional(_int(1)),
+        _optional(_int(1, MAX_SAMPLES_IN_FLIGHT)),
         shown_default="num_workers",
         kind=int,
     ),
@@ -179,7 +199,7 @@ FLAGS: tuple[Flag, ...] = (
         "sandbox_starts",
         None,
         "sandboxes being created at once over all workers (container starts are paced apart from prompts)",
-        _optional(_int(1)),
+        _optional(_int(1, MAX_SAMPLES_IN_FLIGHT)),
         shown_default="2 × cores",
         kind=int,
     ),
@@ -191,10 +211,15 @@ FLAGS: tuple[Flag, ...] = (
         "progress_seconds",
         10.0,
         "seconds between progress lines when stderr is not a terminal (a terminal gets a live line)",
-        check.positive_float,
+        check.seconds,
     ),
     Flag(
-        "max_samples", None, "only the first N valid dataset entries", _optional(_int(1)), shown_default="all", kind=int
+        "max_samples",
+        None,
+        "only the first N valid dataset entries",
+        _optional(_int(1, 10**12)),
+        shown_default="all",
+        kind=int,
     ),
     Flag("providers_allowed", None, "OpenRouter `provider.only`, comma-separated", check.name_list, kind=str),
     Flag("providers_ignored", None, "OpenRouter `provider.ignore`, comma-separated", check.name_list, kind=str),
@@ -210,7 +235,7 @@ FLAGS: tuple[Flag, ...] = (
         "reasoning_disabled", False, 'ask the model not to reason: sends `reasoning: {effort: "none"}`', check.boolean
     ),
     _t("ephemeral_system_prompt", None, "system prompt sent with every call, never saved"),
-    Flag("log_prefix_chars", 100, "length of prompt previews in --verbose logs", _int(0)),
+    Flag("log_prefix_chars", 100, "length of prompt previews in --verbose logs", _int(0, 1_000_000)),
     _t(
         "prefill_messages_file",
         None,
@@ -228,7 +253,7 @@ FLAGS: tuple[Flag, ...] = (
         "samples_per_prompt",
         1,
         "rollouts of each prompt, each in its own sandbox (`sample_index` 0..N-1); pass@k for k up to N",
-        _int(1),
+        _int(1, 100_000),
     ),
     Flag(
         "require_pass",
@@ -236,7 +261,13 @@ FLAGS: tuple[Flag, ...] = (
         'discard samples whose check did not pass (rows need `verify` or `answer`, see "Verified outcomes")',
         check.boolean,
     ),
-    Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.positive_float),
+    Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.seconds),
+    Flag(
+        "timeout_multiplier",
+        1.0,
+        "scales each Harbor task's own agent, verifier and build timeouts (slow machines)",
+        check.number(0, 100, "a factor", above=True),
+    ),
     Flag("logprobs", False, "ask for token log probabilities and store them with each assistant turn", check.boolean),
     Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int),
     _t(
@@ -248,32 +279,39 @@ FLAGS: tuple[Flag, ...] = (
     ),
     _t("sandbox_network", "on", "`none`: bwrap and docker sandboxes get no network (local cannot)", check.network),
     _t("sandbox_memory", "1g", "bwrap: data size (heap, private mappings) of each process", check.size("16m")),
-    Flag("sandbox_processes", 256, "bwrap: processes of one command at once", _int(1)),
+    Flag("sandbox_processes", 256, "bwrap: processes of one command at once", _int(1, MAX_PIDS)),
     _t("sandbox_file_size", "1g", "bwrap: largest file a command may write", check.size("1m")),
-    Flag("sandbox_cpu_seconds", 600, "bwrap: CPU seconds of each process", _int(1)),
+    Flag("sandbox_cpu_seconds", 600, "bwrap: CPU seconds of each process", _int(1, int(check.MAX_SECONDS))),
     _t("docker_image", "python:3.11-slim", "default image of the docker sandbox"),
     _t("docker_memory", "1g", "container memory limit (no swap beyond it)", check.docker_memory),
-    Flag("docker_cpus", 1.0, "container CPU limit", check.positive_float),
-    Flag("docker_pids", 256, "container process limit", _int(1)),
-    _t("ray_address", None, "run on a Ray cluster: `local`, `auto` or `ray://host:port`"),
+    Flag("docker_cpus", 1.0, "container CPU limit", check.number(0.01, 1024, "a number of CPUs")),
+    Flag("docker_pids", 256, "container process limit", _int(1, MAX_PIDS)),
+    _t("ray_address", None, "run on a Ray cluster: `local`, `auto` or `ray://host:port`", check.ray_address),
     Flag(
         "request_timeout",
         600.0,
         "seconds a model call may take, connecting to its last byte, before it is retried",
-        check.positive_float,
+        check.seconds,
     ),
     Flag(
         "max_retries",
         5,
         "retries of a model call (429 honouring Retry-After, 408, 409, 5xx, timeouts, dropped connections, "
         "malformed replies; other 4xx fail at once) before the prompt fails",
-        _int(0),
+        _int(0, 100),
     ),
-    Flag("command_timeout", 60.0, "seconds a terminal command may run", check.positive_float),
+    Flag("command_timeout", 60.0, "seconds a terminal command may run", check.seconds),
     Flag("allow_private_urls", False, "let web and browser tools reach private and loopback addresses", check.boolean),
     _t("vision_model", None, "model of vision_analyze and browser_vision", shown="--model"),
     _t("image_model", None, "model of image_generate, which is offered only with one (or IMAGE_MODEL)"),
-    _t("image_base_url", None, "endpoint of image_generate", shown="--base_url"),
+    _t(
+        "image_base_url",
+        None,
+        "endpoint of image_generate; the run's API key goes there only on --base_url's scheme, host and port, "
+        "elsewhere IMAGE_API_KEY does (set it to the run's key to send that key)",
+        check.optional_url,
+        shown="--base_url",
+    ),
     Flag(
         "moa_models",
         None,
@@ -301,12 +339,12 @@ FLAGS: tuple[Flag, ...] = (
         check.boolean,
     ),
     Flag("export_no_tool_errors", False, "leave trajectories with a failed tool call out of the export", check.boolean),
-    Flag("export_min_turns", 0, "leave trajectories with fewer assistant turns out of the export", _int(0)),
+    Flag("export_min_turns", 0, "leave trajectories with fewer assistant turns out of the export", _int(0, 1_000_000)),
     Flag(
         "export_toolsets",
         None,
         "export only trajectories that were offered all these toolsets (comma-separated)",
-        _toolsets,
+        check.name_list,
         kind=str,
     ),
     Flag("export_passed_only", False, "export only trajectories whose check passed (`passed: true`)", check.boolean),
@@ -317,6 +355,21 @@ FLAGS: tuple[Flag, ...] = (
         "the run uses, besides installed plug-ins (see docs/plugins.md)",
         check.name_list,
         kind=str,
+    ),
+    Flag(
+        "report",
+        False,
+        "write the run's HTML report to <output_dir>/<run_name>/report.html (docs/report.md); with --run_name alone "
+        "it writes it and exits, with --dataset_file at the end of every session",
+        check.boolean,
+    ),
+    Flag(
+        "compare",
+        None,
+        "runs to show beside --run_name's, side by side, in <output_dir>/<run_name>/compare.html: names under "
+        "--output_dir or run directories (comma-separated); written when --report would be",
+        check.name_list,
+        text=True,
     ),
 )
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
@@ -383,7 +436,14 @@ def reference_page() -> str:
         + "\n\nFire may hand comma lists over as tuples; both forms are accepted. Text flags keep their value exactly\n"
         'as typed (`--ephemeral_system_prompt="Be brief, please"`). A fatal problem (missing dataset, no valid\n'
         "entries, unknown distribution, bad flag value, unreadable prefill file, unknown flag) prints one line\n"
-        "naming the problem and exits 2, with no traceback unless `--verbose`.\n"
+        "naming the problem and exits 2, with no traceback unless `--verbose`.\n\n"
+        "Every value is checked before anything starts, by the flag's declaration: numbers are finite and within\n"
+        "bounds (seconds at most a week, `--max_retries` at most 100, sizes at most 16384g and in ASCII digits,\n"
+        "prices and budgets finite); URLs (`--base_url`, `--image_base_url`, `--ray_address`) parse, with a port\n"
+        "from 1 to 65535, in printable ASCII and without credentials (the key goes in `--api_key`, which must be\n"
+        "printable ASCII without spaces); files named by flags are regular files (the prefill file,\n"
+        "`--mcp_config` and `--distributions_file` at most 16 MiB; a device or FIFO as the dataset or local model\n"
+        "is refused).\n"
     )
 
 

@@ -33,6 +33,12 @@ def deadline(seconds: float) -> Iterator[None]:
         _state.at = outer
 
 
+def remaining() -> float | None:
+    """Seconds left of this thread's deadline (0 once passed); None outside `deadline`."""
+    at = getattr(_state, "at", None)
+    return None if at is None else max(0.0, at - time.monotonic())
+
+
 def client(**kwargs: Any) -> httpx.Client:
     """An httpx.Client (same arguments) whose requests honour `deadline`, proxies from the environment included."""
     made = httpx.Client(**kwargs)

@@ -9,21 +9,22 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any, TypeVar
 
-from agentbatch import dataset_formats, flags, plugins, process_guard, sandboxes, secrets_guard
+from agentbatch import dataset_formats, flags, plugins, process_guard, run_tools, secrets_guard
 from agentbatch import flag_checks as check
 from agentbatch.budget import BudgetSettings
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
 from agentbatch.executors.base import Executor
+from agentbatch.harbor import run as harbor_run
 from agentbatch.limits import PromptLimits
 from agentbatch.model import registry as models
 from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.model.usage import Prices
-from agentbatch.prompt_runner import RunConfig
-from agentbatch.run_files import RunFiles
-from agentbatch.sandboxes.base import SandboxSettings, owner_labels
-from agentbatch.session import Session, new_session_id
+from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec, owner_labels
+from agentbatch.sandboxes.choice import choose as choose_sandboxes
+from agentbatch.session import Session, SessionSettings, new_session_id
 from agentbatch.tools import settings as tool_settings
+from agentbatch.work import RunConfig
 
 T = TypeVar("T")
 # Containers created at once per core by default: the engine's best parallelism (bench/RESULTS.md, (12)).
@@ -34,10 +35,8 @@ def run(raw: dict[str, Any]) -> int:
     """Check every flag, then run; returns the exit code."""
     f = flags.parse(raw)
     plugins.load(f["plugins"])  # before anything asks for a tool, a backend, a dataset format or a model
-    if f["export"] and f["dataset_file"] is None:
-        from agentbatch.export import from_flags
-
-        return from_flags.export_only(f)
+    if f["dataset_file"] is None and (f["export"] or f["report"] or f["compare"]):
+        return existing_run(f)
     if f["dataset_file"] is None:
         raise FatalError('--dataset_file is required: a JSONL file with one {"prompt": ...} per line')
     if f["batch_size"] is None:
@@ -50,10 +49,13 @@ def run(raw: dict[str, Any]) -> int:
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if not entries:
+        if os.path.isdir(f["dataset_file"]):
+            raise FatalError(f"no runnable Harbor task in {f['dataset_file']} (the warnings above say why)")
         raise FatalError(
             f'no valid entries in {f["dataset_file"]}: each line needs a JSON object with a "prompt" string'
         )
-    if f["require_pass"] and not any(e.verify or e.answers for e in entries):
+    tasks = harbor_run.apply_flags(f, entries)  # --model=oracle: its implied flags, and only over Harbor tasks
+    if f["require_pass"] and not any(e.verify or e.answers or e.harbor for e in entries):
         raise FatalError(
             f"--require_pass keeps only samples that pass their check, but no row of {f['dataset_file']} has "
             'a "verify" or "answer" field; add checks to the rows or drop --require_pass'
@@ -73,8 +75,23 @@ def run(raw: dict[str, Any]) -> int:
         moa_models=f["moa_models"],
         moa_aggregator=f["moa_aggregator"],
     )
-    # Probed once, here: bwrap where it works, else local (a one-line note says which, printed as the run starts).
-    sandbox_kind, sandbox_note = sandboxes.choose(f["sandbox"], network=f["sandbox_network"])
+    # Chosen once, here (bwrap probed): a one-line note says which, printed as the run starts.
+    sandbox, sandbox_note = choose_sandboxes(
+        f["sandbox"],
+        os.environ,
+        SandboxSettings(
+            docker_image=f["docker_image"],
+            memory=f["docker_memory"],
+            cpus=f["docker_cpus"],
+            pids=f["docker_pids"],
+            network=f["sandbox_network"],
+            processes=f["sandbox_processes"],
+            memory_bytes=f["sandbox_memory"],
+            file_size_bytes=f["sandbox_file_size"],
+            cpu_seconds=f["sandbox_cpu_seconds"],
+        ),
+        images=any(e.image for e in entries),
+    )
     with ExitStack() as stack:
         if local:
             from agentbatch.model import local_server
@@ -82,7 +99,7 @@ def run(raw: dict[str, Any]) -> int:
             base_url = stack.enter_context(local_server.serve(f["local_model_path"], verbose=f["verbose"]))
             model = "local"
         else:
-            base_url, model = check.base_url(f["base_url"]), f["model"]
+            base_url, model = f["base_url"], f["model"]  # checked with the flags
         key = check.api_key(f["api_key"], base_url, needed=not local and models.needs_endpoint(model))
         priced = f["price_input"] is not None or f["price_output"] is not None
         if f["budget_usd"] is not None and not priced and not reports_cost(base_url):
@@ -94,10 +111,20 @@ def run(raw: dict[str, Any]) -> int:
         # or from our memory: masked there, then the process is made unreadable (after: masking writes to it).
         secrets_guard.hide_from_proc([key])
         process_guard.forbid_inspection()
-        secrets = (key, *withdrawn.values(), *tools.secrets())
-        secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
         run_dir = os.path.join(f["output_dir"], f["run_name"])
         session_id = new_session_id()
+        # The run's own tools (modules; MCP servers, whose tool lists are read now) and its distribution.
+        own_tools, distribution = run_tools.prepare(
+            f["tools"],
+            f["mcp_config"],
+            f["distributions_file"],
+            f["distribution"],
+            f["command_timeout"],
+            secrets_guard.getenv,
+            SandboxSpec(sandbox, run_name=f["run_name"], labels=owner_labels(run_dir, session_id)),
+        )
+        secrets = (key, *withdrawn.values(), *tools.secrets(), *own_tools.secrets())
+        secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
         plan = layout(f["num_workers"], f["concurrency"], f["ray_address"])
         cfg = _from_flags(
             RunConfig,
@@ -112,48 +139,84 @@ def run(raw: dict[str, Any]) -> int:
                 pacing_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="br-pacing-")),
             ),
             tools=tools,
-            sandbox=SandboxSettings(
-                kind=sandbox_kind,
-                docker_image=f["docker_image"],
-                memory=f["docker_memory"],
-                cpus=f["docker_cpus"],
-                pids=f["docker_pids"],
-                starts=sandbox_starts(f["sandbox_starts"], plan.processes),
-                network=f["sandbox_network"],
-                processes=f["sandbox_processes"],
-                memory_bytes=f["sandbox_memory"],
-                file_size_bytes=f["sandbox_file_size"],
-                cpu_seconds=f["sandbox_cpu_seconds"],
-            ),
+            sandbox=dataclasses.replace(sandbox, starts=sandbox_starts(f["sandbox_starts"], plan.processes)),
             limits=PromptLimits(f["prompt_timeout"], f["max_tokens_per_prompt"], f["max_cost_per_prompt"]),
             prices=Prices(f["price_input"] or 0.0, f["price_output"] or 0.0),
             system_prompt=f["ephemeral_system_prompt"],
             prefill=f["prefill_messages_file"] or [],
             secrets=secrets,
             plugins=plugins.loaded(),
+            tool_set=own_tools,
             sandbox_labels=owner_labels(run_dir, session_id),
         )
-        files = RunFiles(run_dir, secrets=secrets)
+        # Harbor tasks: each sample's limits, and every image built before any sample starts (docs/harbor.md).
+        harbor_run.prepare(entries, run_dir, f, given=set(raw), log=lambda m: print(m, file=sys.stderr))
+        outputs = _at_end(f, secrets) if f["export"] or f["report"] or f["compare"] else None
         session = Session(
-            cfg, files, entries, f["batch_size"], f["distribution"], f["seed"], f["resume"], f["samples_per_prompt"]
+            SessionSettings(
+                cfg,
+                run_dir,
+                entries,
+                f["batch_size"],
+                distribution,
+                seed=f["seed"],
+                resume=f["resume"],
+                samples_per_prompt=f["samples_per_prompt"],
+                dataset_file=f["dataset_file"],
+                session_id=session_id,
+                sandbox_note=harbor_run.SANDBOX_NOTE if tasks else sandbox_note,
+                budget=BudgetSettings(
+                    f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
+                ),
+                progress_seconds=f["progress_seconds"],
+                slots=plan.slots,
+                priced=priced or reports_cost(base_url),
+                at_end=harbor_run.oracle_summary_at_end(f, run_dir, entries, outputs),
+            )
         )
-        session.dataset_file = f["dataset_file"]
-        session.session_id = session_id
-        session.sandbox_note = sandbox_note
-        session.budget_settings = BudgetSettings(
-            f["budget_usd"], f["budget_tokens"], f["max_cost_per_prompt"], f["max_tokens_per_prompt"]
-        )
-        session.progress_seconds = f["progress_seconds"]
-        session.priced = priced or reports_cost(base_url)
-        session.slots = plan.sessions
         # Made before the session runs: local workers start now, while the runner is still one thread.
         ex = stack.enter_context(closing(executor(cfg, plan, f["ray_address"])))
-        code = session.run(ex)
+        return session.run(ex)
+
+
+def _at_end(f: dict[str, Any], secrets: tuple[str, ...]):
+    """The exports and the report asked for with a run: written as its session ends, before it lets the run
+    directory go."""
+
+    def at_end(code: int) -> int:
+        if f["export"]:
+            from agentbatch.export import from_flags
+
+            code = from_flags.after_session(f, secrets, code)
+        if f["report"] or f["compare"]:
+            from agentbatch.report import from_flags as report_flags
+
+            code = report_flags.after_session(f, secrets, code)
+        return code
+
+    return at_end
+
+
+def existing_run(f: dict[str, Any]) -> int:
+    """--run_name without a dataset: export it and/or write its report as it is now, and exit."""
+    env = tuple(v for k, v in os.environ.items() if secrets_guard.looks_secret(k))
+    secrets = (*env, f["api_key"]) if f["api_key"] else env  # lines were redacted when written: again, to be sure
     if f["export"]:
         from agentbatch.export import from_flags
 
-        return from_flags.after_session(f, secrets, code)
-    return code
+        from_flags.export_only(f, secrets)
+    if f["report"] or f["compare"]:
+        from agentbatch.report import from_flags as report_flags
+
+        report_flags.report_only(f, secrets)
+    return 0
+
+
+def distributions_text(raw: dict[str, Any]) -> str:
+    """--list_distributions with a distributions file or the run's own tools: every distribution, checked."""
+    f = flags.parse(raw)
+    plugins.load(f["plugins"])
+    return run_tools.distribution_table(f["tools"], f["mcp_config"], f["distributions_file"])
 
 
 def _from_flags(cls: type[T], f: dict[str, Any], **given: Any) -> T:
@@ -169,12 +232,12 @@ def sandbox_starts(total: int | None, processes: int) -> int:
 
 
 def layout(num_workers: int, concurrency: int | None, ray_address: str | None) -> capacity.Plan:
-    """Processes × threads for `concurrency` (else `num_workers`) sessions: a worker is one session."""
-    sessions = concurrency or num_workers
+    """Worker processes × slots for `concurrency` (else `num_workers`) samples in flight, one per slot."""
+    slots = concurrency or num_workers
     if ray_address:
-        # A cluster has more cores than this machine: actors of SESSIONS_PER_PROCESS threads, spread over it.
-        return capacity.plan(sessions, cores=capacity.MAX_PROCESSES)
-    plan = capacity.plan(sessions)
+        # A cluster has more cores than this machine: actors of SLOTS_PER_PROCESS threads, spread over it.
+        return capacity.plan(slots, cores=capacity.MAX_PROCESSES)
+    plan = capacity.plan(slots)
     capacity.reserve(plan)
     return plan
 
@@ -187,4 +250,4 @@ def executor(cfg: RunConfig, plan: capacity.Plan, ray_address: str | None) -> Ex
         return RayExecutor(cfg, ray_address, plan.processes, plan.threads)
     from agentbatch.executors.processes import LocalExecutor
 
-    return LocalExecutor(cfg, plan.processes, plan.threads, plan.sessions)
+    return LocalExecutor(cfg, plan.processes, plan.threads, plan.slots)

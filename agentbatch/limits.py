@@ -1,8 +1,11 @@
-"""Per-prompt limits beyond --max_turns: wall time, tokens and cost of one session (README "Limits, cost and budget").
+"""Per-sample limits beyond --max_turns: wall time, tokens and cost of one sample (docs/limits.md).
 
-The agent loop checks them before each model call and stops the session as `partial` with the limit as its
-`stop_reason` (time, tokens, cost). The deadline also cuts what is running when it comes: a model call's
-timeout and a command's timeout are never longer than the time left, so nothing outlives the session.
+The flags say "per prompt" (--prompt_timeout, --max_tokens_per_prompt, --max_cost_per_prompt): each sample
+of a prompt has them whole. The agent loop checks them before each model call and stops the sample as
+`partial` with the limit as its `stop_reason` (time, tokens, cost). The deadline also cuts what is running
+when it comes: a model call's timeout and every tool's (each `*_timeout` a tool reads from
+`ToolContext.settings` is cut to `time_left()`) are never longer than the time left, so nothing outlives
+the sample.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ class PromptLimits:
     cost: float | None = None
 
 
-class SessionLimits:
-    """One running session's limits: its deadline, and the usage its token and cost limits are checked against."""
+class SampleLimits:
+    """One running sample's limits: its deadline, and the usage its token and cost limits are checked against."""
 
     def __init__(self, limits: PromptLimits | None = None, usage: Usage | None = None, start: float | None = None):
         self.limits = limits or PromptLimits()

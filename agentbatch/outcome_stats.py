@@ -1,8 +1,9 @@
 """Statistics of verified outcomes (statistics.json "outcomes"): pass rate, mean reward, pass@k, tokens per pass.
 
 Computed over every sample with a check, kept or discarded (a --require_pass run discards its failures,
-and they count). Samples are grouped into prompts by (prompt_index, prompt text) for pass@k, overall and
-per toolset (all samples of a prompt are offered the same toolsets).
+and they count). Samples are grouped into prompts by (prompt_index, row identity; the prompt text on lines
+written before identities) for pass@k, overall, per toolset (all samples of a prompt are offered the same
+toolsets), and per category and difficulty of a Harbor task (the line's `task`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class _Group:
     """One checked prompt: its toolsets, and counts over its samples (small: one per prompt of a big run)."""
 
     toolsets: tuple[str, ...]
+    task: tuple[str | None, str | None] = (None, None)  # a Harbor task's (category, difficulty)
     n: int = 0  # samples with a result
     c: int = 0  # of which passed
     reward_sum: float = 0.0
@@ -36,20 +38,25 @@ class OutcomeStats:
     def __init__(self):
         self._groups: dict[int, _Group] = {}
         self._unchecked: dict[tuple[str, ...], int] = defaultdict(int)  # samples without a check, by toolsets
+        self._unchecked_tasks: dict[tuple, int] = defaultdict(int)  # and by (category, difficulty)
 
     def add(self, record: dict) -> None:
         toolsets = tuple(record.get("toolsets_used") or ())
         check = record.get("check") if isinstance(record.get("check"), dict) else {}
         status = check.get("status")
+        task = _task(record)
         if status not in ("passed", "failed", *NO_RESULT):  # no check, or a line from before checks
             self._unchecked[toolsets] += 1
+            self._unchecked_tasks[task] += 1
             return
-        prompt = first_human(record)
-        # One int per prompt, not its text: (index, text) hashed (one process, so one hash seed).
-        key = hash((record.get("prompt_index"), prompt))
+        # One int per prompt, not its text: (index, row identity) hashed (one process, so one hash seed); lines
+        # written before identities by their prompt text.
+        identity = record.get("identity")
+        row = identity if type(identity) is str and identity else first_human(record)
+        key = hash((record.get("prompt_index"), row))
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group(toolsets)
+            group = self._groups[key] = _Group(toolsets, task)
         if status in NO_RESULT:
             setattr(group, status, getattr(group, status) + 1)
             return
@@ -71,7 +78,28 @@ class OutcomeStats:
             "samples_per_prompt": samples_per_prompt,
             **_figures(groups, sum(self._unchecked.values())),
             "by_toolset": {t: _figures([g for g in groups if t in g.toolsets], unchecked[t]) for t in toolsets},
+            "by_category": self._by_task(groups, 0),
+            "by_difficulty": self._by_task(groups, 1),
         }
+
+    def _by_task(self, groups: list[_Group], part: int) -> dict:
+        """The figures per value of a Harbor task's category (part 0) or difficulty (1); {} without tasks."""
+        values = sorted(({g.task[part] for g in groups} | {t[part] for t in self._unchecked_tasks}) - {None})
+        return {
+            v: _figures(
+                [g for g in groups if g.task[part] == v],
+                sum(n for t, n in self._unchecked_tasks.items() if t[part] == v),
+            )
+            for v in values
+        }
+
+
+def _task(record: dict) -> tuple[str | None, str | None]:
+    """A line's Harbor task (category, difficulty); (None, None) for a JSONL row's line."""
+    task = record.get("task")
+    if not isinstance(task, dict):
+        return None, None
+    return tuple(v if isinstance(v, str) else None for v in (task.get("category"), task.get("difficulty")))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -131,12 +159,21 @@ def format_outcomes(outcomes: dict | None) -> list[str]:
         at_k = "  ".join(f"pass@{k} {o['pass_at_k'][k]:.3f}" for k in ks)
         per_pass = f"{o['tokens_per_pass']:.0f}" if o["tokens_per_pass"] is not None else "n/a"
         lines.append(f"  {at_k}  over {o['prompts_checked']} prompts; tokens per passing sample {per_pass}")
-    rows = {t: f for t, f in o["by_toolset"].items() if f["checked"]}
-    if rows and ks:
-        head = "".join(f"{'pass@' + k:>9}" for k in ks)
-        lines.append(f"  {'toolset':<12}{'checked':>8}{'passed':>8}{'rate':>8}{'reward':>8}{head}")
-        for t, f in rows.items():
-            cells = "".join(f"{f['pass_at_k'][k]:>9.3f}" if k in f["pass_at_k"] else f"{'-':>9}" for k in ks)
-            mean = f"{f['mean_reward']:>8.3f}" if f["mean_reward"] is not None else f"{'-':>8}"
-            lines.append(f"  {t:<12}{f['checked']:>8}{f['passed']:>8}{f['pass_rate']:>8.0%}{mean}{cells}")
+    for title, key in (("toolset", "by_toolset"), ("category", "by_category"), ("difficulty", "by_difficulty")):
+        lines += _table(title, o.get(key) or {}, ks)
+    return lines
+
+
+def _table(title: str, figures: dict, ks: list[str]) -> list[str]:
+    """The summary's table of one grouping (toolset, category, difficulty): its groups with a checked sample."""
+    rows = {t: f for t, f in figures.items() if f["checked"]}
+    if not rows or not ks:
+        return []
+    width = max(12, max(len(t) for t in rows) + 2)
+    head = "".join(f"{'pass@' + k:>9}" for k in ks)
+    lines = [f"  {title:<{width}}{'checked':>8}{'passed':>8}{'rate':>8}{'reward':>8}{head}"]
+    for t, f in rows.items():
+        cells = "".join(f"{f['pass_at_k'][k]:>9.3f}" if k in f["pass_at_k"] else f"{'-':>9}" for k in ks)
+        mean = f"{f['mean_reward']:>8.3f}" if f["mean_reward"] is not None else f"{'-':>8}"
+        lines.append(f"  {t:<{width}}{f['checked']:>8}{f['passed']:>8}{f['pass_rate']:>8.0%}{mean}{cells}")
     return lines

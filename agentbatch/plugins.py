@@ -36,8 +36,16 @@ BUILTINS = (
     "agentbatch.tools.image",
     "agentbatch.tools.moa",
     "agentbatch.tools.browser",
+    # The sandbox backends, in the order --sandbox lists them; docker's imports the Docker SDK only when
+    # a sample first needs it.
+    "agentbatch.sandboxes.bwrap",
+    "agentbatch.sandboxes.local",
+    "agentbatch.sandboxes.docker",
     # The JSONL dataset format.
-    "agentbatch.dataset",
+    "agentbatch.dataset_jsonl",
+    # Harbor task directories, and --model=oracle (docs/harbor.md).
+    "agentbatch.harbor.dataset_format",
+    "agentbatch.harbor.oracle",
 )
 
 _lock = threading.RLock()

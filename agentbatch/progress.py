@@ -1,4 +1,4 @@
-"""The live view of a session (README "Progress"): prompts done / failed / discarded / in flight, tokens per
+"""The live view of a session (docs/output.md, "Progress"): prompts done / failed / discarded / in flight, tokens per
 second, spend and projected spend, and an ETA projected from the prompts finished so far.
 
 On a terminal one line is redrawn in place every second; anywhere else (a CI log, a file) a plain line is
@@ -7,14 +7,14 @@ printed every --progress_seconds and once at the end, so the log never holds car
 
 from __future__ import annotations
 
+import math
 import shutil
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from agentbatch.budget import Budget
-from agentbatch.model.usage import cost_of
+from agentbatch.budget import Budget, Spend
 
 TERMINAL_REFRESH = 1.0
 
@@ -34,8 +34,9 @@ class Snapshot:
     spent_label: str = "this session"
     projected: float | None = None
     budget: float | None = None
-    eta: float | None = None  # seconds; None until a prompt has finished
+    eta: float | None = None  # seconds; None until a prompt has finished, and while only overdue ones run
     ages: list[float] = field(default_factory=list)
+    overdue: float | None = None  # with no ETA: how long the longest of the prompts running past the mean has run
 
     @property
     def finished(self) -> int:
@@ -62,8 +63,7 @@ class Progress:
         self._counts = {"done": 0, "failed": 0, "discarded": 0}
         self._running: dict[int, float] = {}
         self._seconds = 0.0
-        self._tokens = 0
-        self._cost = 0.0
+        self._spend = Spend()  # this session's
         self._began = time.monotonic()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
@@ -83,8 +83,7 @@ class Progress:
             self._running.pop(key, None)
             self._counts[status] = self._counts.get(status, 0) + 1
             self._seconds += seconds
-            self._tokens += int((usage or {}).get("total_tokens") or 0)
-            self._cost += cost_of(usage)
+            self._spend.add(usage)
 
     def message(self, text: str) -> None:
         """A line of its own (a --verbose prompt line, a notice), kept clear of the live line."""
@@ -146,14 +145,14 @@ class Progress:
             c["discarded"],
             len(self._running),
             elapsed,
-            self._tokens / elapsed if elapsed > 0 else 0.0,
+            self._spend.tokens / elapsed if elapsed > 0 else 0.0,
             ages=[now - t for t in self._running.values()],
         )
         budget = self.budget
-        spent, mean = self._cost, (self._cost / finished if finished else None)
+        spend = self._spend
         if budget is not None:  # the budget knows what earlier sessions spent too
-            spent, mean, snap.spent_label = budget.spent.cost, budget.mean_cost(), "run"
-            snap.budget = budget.settings.usd
+            spend, snap.spent_label, snap.budget = budget.spent, "run", budget.settings.usd
+        spent, mean = spend.cost, (spend.cost / spend.attempts if spend.attempts else None)
         if self.priced or spent > 0:
             snap.spent = spent
             if mean is not None:
@@ -165,16 +164,22 @@ class Progress:
                 if left is not None:
                     not_started = min(not_started, left)
             snap.eta = eta(self._seconds / finished, snap.ages, not_started, self.slots)
+            if snap.eta is None:
+                snap.overdue = max(snap.ages)
         return snap
 
 
-def eta(mean_seconds: float, ages: list[float], not_started: int, slots: int) -> float:
+def eta(mean_seconds: float, ages: list[float], not_started: int, slots: int) -> float | None:
     """Seconds until the session ends, from the mean duration of finished prompts (not from batches).
 
-    Each running prompt is expected to take the mean in all (its remainder: the mean minus its age, at
-    least nothing); the prompts not started share the slots. The end is no sooner than the longest remainder.
+    Each running prompt is expected to take the mean in all (its remainder: the mean minus its age); the
+    prompts not started share the slots; the end is no sooner than the longest remainder. A prompt running
+    past the mean has no remainder to expect: once only such prompts are left there is no estimate (None),
+    never a 0 while something still runs.
     """
-    remainders = [max(0.0, mean_seconds - a) for a in ages]
+    remainders = [mean_seconds - a for a in ages if a < mean_seconds]
+    if not_started <= 0 and not remainders:
+        return None if ages else 0.0
     work = sum(remainders) + max(0, not_started) * mean_seconds
     return max(max(remainders, default=0.0), work / max(1, slots))
 
@@ -206,7 +211,10 @@ def _fields(snap: Snapshot) -> list[tuple[int, str]]:
         if snap.projected is not None:
             money += f", ~${snap.projected:.2f} projected"
         out.append((3, money))
-    out.append((1, f"ETA {_duration(snap.eta)}" if snap.eta is not None else "ETA ?"))
+    if snap.eta is not None:  # rounded up: a session with anything left never says 0s
+        out.append((1, f"ETA {_duration(math.ceil(snap.eta))}"))
+    else:
+        out.append((1, f"ETA ? (running {_duration(snap.overdue)})" if snap.overdue is not None else "ETA ?"))
     return out
 
 

@@ -2,7 +2,7 @@
 
 A line can be valid JSON and still not be a trajectory: `[1]`, `{"a": 1}`, `{"conversations": "x"}`,
 `"tool_stats": "bad"`, written by hand, by another tool, or by a bug. Such a line is dropped and counted
-(README, "Output"), never trusted: one would crash the statistics, and one in trajectories.jsonl would
+(docs/output.md), never trusted: one would crash the statistics, and one in trajectories.jsonl would
 break its schema for `datasets`. Only the fields the runner writes are checked, and only their types, so
 lines of older versions (without the newer fields) and fields added later by others still pass.
 """
@@ -14,10 +14,6 @@ from typing import Any
 TURN_ROLES = ("human", "gpt", "tool", "system")
 _COUNTS = ("count", "success", "failure")
 _TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens")
-
-
-def _whole(value: Any) -> bool:
-    return type(value) is int  # not bool, which is an int too
 
 
 def trajectory_problem(record: Any) -> str | None:
@@ -42,7 +38,7 @@ def trajectory_problem(record: Any) -> str | None:
     for key in ("prompt_index", "api_calls", "sample_index"):
         if key in record and type(record[key]) is not int:
             return f"{key} is not a whole number"
-    for key in ("stop_reason", "tools", "discard_reason"):
+    for key in ("stop_reason", "tools", "discard_reason", "identity"):
         value = record.get(key)
         if value is not None and type(value) is not str:
             return f"{key} is not a string"

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from agentbatch.budget import Spend
 from agentbatch.model.usage import COST_DIGITS, cost_of
-from agentbatch.outcome_stats import format_outcomes
+from agentbatch.outcome_stats import OutcomeStats, format_outcomes
+from agentbatch.run_dir import answers
+from agentbatch.run_dir.lines import ReadCounts
+from agentbatch.run_dir.paths import RunPaths
 from agentbatch.tools.registry import ALL_TOOL_NAMES
 from trajectory import STOP_REASONS, reasoning_counts
+
+if TYPE_CHECKING:
+    from agentbatch.dataset import Entry
 
 _TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -33,8 +42,7 @@ class Group:
     passing: int = 0
     discarded: int = 0
     failed_attempts: int = 0
-    tokens: int = 0
-    cost: float = 0.0
+    spend: Spend = field(default_factory=Spend)
 
     def add(self, line: dict, kind: str) -> None:
         if kind == "trajectory":
@@ -45,20 +53,19 @@ class Group:
             self.discarded += 1
         else:
             self.failed_attempts += 1
-        usage = line.get("usage")
-        self.tokens += int((usage or {}).get("total_tokens") or 0) if isinstance(usage, dict) else 0
-        self.cost += cost_of(usage)
+        self.spend.add(line.get("usage"))
 
     def to_dict(self, rewards: bool) -> dict:
+        cost = self.spend.cost
         return {
             "trajectories": self.trajectories,
             "completed": self.completed,
             "discarded": self.discarded,
             "failed_attempts": self.failed_attempts,
-            "tokens": self.tokens,
-            "cost": _money(self.cost),
-            "cost_per_completed": _per(self.cost, self.completed),
-            "cost_per_passing": _per(self.cost, self.passing) if rewards else None,
+            "tokens": self.spend.tokens,
+            "cost": _money(cost),
+            "cost_per_completed": _per(cost, self.completed),
+            "cost_per_passing": _per(cost, self.passing) if rewards else None,
         }
 
 
@@ -144,7 +151,7 @@ class RunStats:
         self._group(line, "failed", line.get("model"))
 
     def count_failed_prompts(self, n: int) -> None:
-        """Prompts whose last attempt failed: the `error` way a session ends, beside the trajectories' reasons."""
+        """Prompts whose last attempt failed: the `error` way a sample ends, beside the trajectories' reasons."""
         if n:
             self.stop_reasons["error"] = n
 
@@ -197,6 +204,54 @@ class RunStats:
             "by_model": {k: g.to_dict(self.rewards) for k, g in sorted(self.by_model.items())},
             "by_toolset": {k: g.to_dict(self.rewards) for k, g in sorted(self.by_toolset.items())},
         }
+
+
+class Tally:
+    """statistics.json in the making: this session's trajectories counted as they are written (add_trajectory),
+    everything else read from the files at the end (document)."""
+
+    def __init__(self, tool_names: tuple[str, ...] = ALL_TOOL_NAMES):
+        # Every tool of the run (tool_set.py) is in statistics.json's "tools", called or not.
+        self.stats = RunStats(tools={n: {"count": 0, "success": 0, "failure": 0} for n in tool_names})
+        self.outcomes = OutcomeStats()
+        self.kept: Counter = Counter()  # row and sample (run_dir/answers.py) → trajectories answering it
+
+    def add_trajectory(self, record: dict) -> None:
+        self.stats.add_trajectory(record)
+        self.outcomes.add(record)
+        answers.count(record, self.kept)
+
+    def document(self, paths: RunPaths, entries: list[Entry], samples: int, merged: ReadCounts, run: dict) -> dict:
+        """The statistics.json document, once every trajectory went through add_trajectory (the merge's).
+
+        `run` is what it says of the run itself: run_name, model, distribution, duration_seconds, updated_at.
+        """
+        stats, discarded, failed = self.stats, Counter(), Counter()
+        for line in answers.discarded_records(paths):
+            stats.add_discarded(line)
+            self.outcomes.add(line)
+            answers.count(line, discarded)
+        for line in answers.failed_records(paths):
+            stats.add_failed_attempt(line)
+            answers.count(line, failed)
+        prompts = answers.last_words(entries, samples, self.kept, discarded, failed)
+        stats.count_failed_prompts(prompts["failed"])
+        doc = stats.to_dict(
+            run_name=run["run_name"],
+            model=run["model"],
+            distribution=run["distribution"],
+            prompts=prompts,
+            merge={
+                "kept": merged.trajectories,
+                "filtered_unknown_tool": merged.unknown_tool,
+                "filtered_not_json": merged.not_json,
+                "filtered_malformed": merged.malformed,
+            },
+            duration_seconds=run["duration_seconds"],
+            updated_at=run["updated_at"],
+        )
+        doc["outcomes"] = self.outcomes.to_dict(samples)
+        return doc
 
 
 def _add_tokens(into: dict[str, int], usage: object) -> None:

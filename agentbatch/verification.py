@@ -1,4 +1,4 @@
-"""A row's setup and check, run in the prompt's own sandbox (README, "Verified outcomes").
+"""A row's setup and check, run in the prompt's own sandbox (docs/verified-outcomes.md).
 
 `setup` runs before the agent's first model call; `verify` runs after its last one, in the same sandbox,
 through the same `Sandbox.exec` as the agent's own commands (so the same isolation and environment), before
@@ -14,13 +14,12 @@ import re
 import time
 import unicodedata
 from dataclasses import dataclass
+from decimal import Decimal
 
 from agentbatch.sandboxes.base import SandboxError
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import cap_output
 
-# check.status, one value per way a check can end: no check, a result (passed, failed), or no result.
-CHECK_STATUSES = ("none", "passed", "failed", "timeout", "error")
 MAX_CHECK_OUTPUT = 4000  # characters of the verify command's output kept in the trajectory (head and tail)
 
 
@@ -39,6 +38,7 @@ class CheckResult:
     output: str = ""
     seconds: float = 0.0
     answer_matched: bool | None = None
+    rewards: dict[str, float] | None = None  # a Harbor task's named rewards (harbor/verifier.py)
 
     def fields(self) -> dict:
         """The trajectory line's `reward`, `passed` and `check` (every key always present)."""
@@ -51,6 +51,7 @@ class CheckResult:
                 "output": self.output,
                 "seconds": round(float(self.seconds), 3),
                 "answer_matched": self.answer_matched,
+                "rewards": self.rewards,
             },
         }
 
@@ -102,34 +103,73 @@ def _verify(ctx: ToolContext, command: str, timeout: float) -> CheckResult:
 
 
 def parse_reward(output: str) -> float | None:
-    """The reward a check printed on its last non-empty line: a JSON number, or an object's numeric "reward"."""
+    """The reward a check printed on its last non-empty line: a JSON number, or an object's numeric "reward".
+
+    A value no float holds (NaN, infinity, an integer past 1.8e308) is no reward: the exit status decides.
+    """
     lines = [line for line in output.splitlines() if line.strip()]
     if not lines:
         return None
     try:
         value = json.loads(lines[-1])
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError also covers integers past Python's digit limit
         return None
     if isinstance(value, dict):
         value = value.get("reward")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        reward = float(value)
+    except OverflowError:
+        return None
+    return reward if math.isfinite(reward) else None
 
 
 def _normalise(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
-def answer_matches(expected: str, message: str) -> bool:
-    """The expected answer occurs in the message as a whole word or phrase, ignoring case and spacing.
+# A number as written: a sign unless it follows a letter or digit (then it is a hyphen, a range or a
+# subtraction), digits with points and commas between them, taken whole (atomic) so that 391.5 or 391,000
+# is never read as 391. Which of those runs are one number is _number's business.
+_NUMBER_RUN = re.compile(r"(?<![\w.,])(?:(?<!\w)[-+\u2212])?(?>\.?\d(?:[.,]?\d)*)(?!\w)")
+_NUMBER = re.compile(r"([-+\u2212]?)(\d{1,3}(?:,\d{3})+|\d+)?(?:\.(\d+))?")
+# A word right before an occurrence that says it is not the answer: "not 391, it is 392", "Paris, not Lyon".
+_NEGATED = re.compile(r"(?<!\w)(?:not|\w+n['\u2019]t)\W{0,2}$")
 
-    "391" matches "17*23 = 391." but not "3910"; "Paris" matches "The capital is PARIS".
+
+def _number(text: str) -> Decimal | None:
+    """The value of a whole number as written (sign, comma-grouped digits, decimals), else None."""
+    m = _NUMBER.fullmatch(text)
+    if not m or not (m.group(2) or m.group(3)):
+        return None
+    sign = "-" if m.group(1) in ("-", "\u2212") else ""
+    return Decimal(f"{sign}{(m.group(2) or '0').replace(',', '')}.{m.group(3) or '0'}")
+
+
+def _negated(message: str, start: int) -> bool:
+    return _NEGATED.search(message, max(0, start - 40), start) is not None
+
+
+def answer_matches(expected: str, message: str) -> bool:
+    """The expected answer occurs in the message, whole and not right after "not" (docs/verified-outcomes.md).
+
+    A number matches a number of the same value written whole: "391" matches "17*23 = 391." and "391.0", not
+    "-391", "391.5", "3.391", "391,000" or "not 391". Other answers match as a whole word or phrase, ignoring
+    case and spacing: "Paris" matches "The capital is PARIS", not "Parisian".
     """
     wanted = _normalise(expected)
     if not wanted:
         return False
-    return re.search(rf"(?<!\w){re.escape(wanted)}(?!\w)", _normalise(message)) is not None
+    text = _normalise(message)
+    value = _number(wanted)
+    if value is not None:
+        return any(_number(m.group()) == value and not _negated(text, m.start()) for m in _NUMBER_RUN.finditer(text))
+    # A phrase that starts or ends with a digit must not start or end inside a longer number.
+    before = r"(?<![\w.,])(?<!(?<!\w)[-+\u2212])" if wanted[0].isdigit() else r"(?<!\w)"
+    after = r"(?![.,]?\d)(?!\w)" if wanted[-1].isdigit() else r"(?!\w)"
+    pattern = re.compile(before + re.escape(wanted) + after)
+    return any(not _negated(text, m.start()) for m in pattern.finditer(text))
 
 
 def last_message(messages: list[dict]) -> str:

@@ -1,16 +1,16 @@
-"""(14)-(15): the pacer against endpoints that say little about their rate limit, through the real CLI.
+"""(16)-(18): the pacer against endpoints that say little about their rate limit, through the real CLI.
 
 The endpoint is bench/async_endpoint.py with a sliding one-second window of R accepted requests (429 beyond
 it, answered at once), as issue 30 measured it. Every other flag at its default, as a new user would run it
 (--max_retries 5), the sandbox pinned to local as in (1)-(11).
 
-(14)  a 429 with only `Retry-After` (whole seconds, at least 1): R = 50 and 500 requests a second,
+(16)  a 429 with only `Retry-After` (whole seconds, at least 1): R = 50 and 500 requests a second,
       --concurrency 64 and 256, one-call and three-call prompts (two read_file calls, then the answer).
-(14n) the same with a bare 429: no header at all.
-(15)  a limit that moves: 200 requests a second, 50 from 10 s to 30 s after the first request, 200 again;
+(16n) the same with a bare 429: no header at all.
+(17)  a limit that moves: 200 requests a second, 50 from 10 s to 30 s after the first request, 200 again;
       Retry-After only. Goodput as a share of the limit in force over the run, and how soon after the
       limit's return the accepted rate is back.
-(16)  no limit at all: (8)'s --num_workers=32, (9), (10b) and (10) with pacing on and off.
+(18)  no limit at all: (8)'s --num_workers=32, (9), (10b) and (10) with pacing on and off.
 
 Goodput is what the endpoint accepted between its first and last accepted request, per second, so that
 start-up and the last replies (the run's tail) are not counted against the pacer.
@@ -59,8 +59,8 @@ def limited_run(
 
 
 def bench_retry_after_only(results: dict, headers: str = "retry-after") -> None:
-    """(14) / (14n): goodput, 429 share and failures over R x concurrency x calls per prompt."""
-    key = "14" if headers == "retry-after" else "14n"
+    """(16) / (16n): goodput, 429 share and failures over R x concurrency x calls per prompt."""
+    key = "16" if headers == "retry-after" else "16n"
     goodput_target = 0.90 if headers == "retry-after" else 0.85
     said = "Retry-After only" if headers == "retry-after" else "a bare 429"
     rows, met = [], True
@@ -119,7 +119,7 @@ def reopened_after(accepted_at: list[float], at: float, rate: float, share: floa
 
 
 def bench_moving_limit(results: dict, n: int = 5000, conc: int = 256, latency: float = 0.2) -> None:
-    """(15) 200 -> 50 for 20 s -> 200, Retry-After only."""
+    """(17) 200 -> 50 for 20 s -> 200, Retry-After only."""
     r = limited_run("pacing_15", n, 1, MOVING[0][1], conc, latency, "retry-after", schedule=MOVING)
     seen = r["rate"]
     allowed = limit_in_force(MOVING, seen["origin"], seen["first_accepted"], seen["last_accepted"])
@@ -136,7 +136,7 @@ def bench_moving_limit(results: dict, n: int = 5000, conc: int = 256, latency: f
     report(
         results,
         "pacing_15",
-        f"(15) a moving limit (Retry-After only, sliding window) {' -> '.join(f'{r:g}/s at {t:g} s' for t, r in MOVING)}, "
+        f"(17) a moving limit (Retry-After only, sliding window) {' -> '.join(f'{r:g}/s at {t:g} s' for t, r in MOVING)}, "
         f"{n} one-call prompts at {latency} s, concurrency {conc}: accepted {seen['accepted']} = {share:.1%} of "
         f"the limit in force over {r['span']:.1f} s (phases: {', '.join(per_phase)}); back to 85 % of "
         f"{MOVING[2][1]:g}/s in the second ending {back if back is None else round(back, 1)} s after its return; "
@@ -146,7 +146,7 @@ def bench_moving_limit(results: dict, n: int = 5000, conc: int = 256, latency: f
 
 
 def bench_pacing_cost(results: dict, rounds: int = 2) -> None:
-    """(16) what the pacer costs where there is no limit: (8)'s --num_workers=32, (9), (10b) and (10) with
+    """(18) what the pacer costs where there is no limit: (8)'s --num_workers=32, (9), (10b) and (10) with
     pacing on and off, through the same entry point, taking turns `rounds` times; the fastest run of each
     counts (load only slows). Beside the wall time, the endpoint's span from the first request to the last
     reply, which the pacer alone can lengthen."""
@@ -185,9 +185,9 @@ def bench_pacing_cost(results: dict, rounds: int = 2) -> None:
         report(
             results,
             "pacing_cost",
-            f"(16) no limit, ({row}) {n} prompts {' '.join(flags)}: wall with pacing {on[0]:.2f} s, without "
+            f"(18) no limit, ({row}) {n} prompts {' '.join(flags)}: wall with pacing {on[0]:.2f} s, without "
             f"{off[0]:.2f} s: {cost:+.1%}; first request to last reply {span_on:.2f} s against {span_off:.2f} s: "
             f"{span_cost:+.1%} (best of {rounds}; every run, wall (span): {shown}) [target <= +2 %: "
             f"{'met' if cost <= 0.02 else 'NOT met'}]",
         )
-    report(results, "pacing_cost", f"(16) targets (every row <= +2 %): {'met' if met else 'NOT met'}")
+    report(results, "pacing_cost", f"(18) targets (every row <= +2 %): {'met' if met else 'NOT met'}")

@@ -6,7 +6,7 @@ one second's worth, OpenAI's x-ratelimit-* and Retry-After headers) and answers 
 run is the same command with pacing off: every call sent as soon as its prompt's slot has it, as before.
 
 Run as a script with --fixed-concurrency-cli it is the CLI with pacing off (the baseline's entry point), with
---paced-cli the CLI as it is, through the same entry point (so the two start alike: bench (16)).
+--paced-cli the CLI as it is, through the same entry point (so the two start alike: bench (18)).
 """
 
 from __future__ import annotations

@@ -97,23 +97,20 @@ def synthesize_corpus(n: int = 100_000, per_batch: int = 1000) -> Path:
 RESUME_PROBE = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-from agentbatch.run_files import RunFiles
-from agentbatch.run_statistics import RunStats
+from agentbatch.run_dir.answers import done_counts
+from agentbatch.run_dir.files import RunFiles
+from agentbatch.run_dir.merge import merge
+from agentbatch.run_statistics import Tally
 files = RunFiles(sys.argv[2])
 t0, c0 = time.monotonic(), time.process_time()
-counts = files.done_counts()
+counts = done_counts(files.paths, files.known_tools)
 t1, c1 = time.monotonic(), time.process_time()
-stats = RunStats()
-try:  # as the session does: every kept line goes to both (OutcomeStats is absent before verified outcomes)
-    from agentbatch.outcome_stats import OutcomeStats
-    outcomes = OutcomeStats()
-    merged = files.merge(lambda r: (stats.add_trajectory(r), outcomes.add(r)))
-except ImportError:
-    merged = files.merge(stats.add_trajectory)
+tally = Tally()  # as the session does: every kept line goes to the statistics and the outcomes, and is counted
+merged = merge(files, tally.add_trajectory)
 t2, c2 = time.monotonic(), time.process_time()
 print(json.dumps({"scan_s": t1 - t0, "merge_s": t2 - t1, "scan_cpu": c1 - c0, "merge_cpu": c2 - c1,
-                  "keys": len(counts), "kept": merged.kept,
-                  "bytes": merged.bytes_read, "trajectories": stats.trajectories,
+                  "keys": len(counts), "kept": merged.trajectories,
+                  "bytes": merged.bytes, "trajectories": tally.stats.trajectories,
                   "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 

@@ -31,7 +31,8 @@ def _engine(parallel: int, label: str) -> float:
     """Seconds to create, start and remove N containers, `parallel` at a time, as the runner makes them."""
     import docker
 
-    from agentbatch.sandboxes.docker import KEEPALIVE, RUN_LABEL
+    from agentbatch.sandboxes.base import RUN_LABEL
+    from agentbatch.sandboxes.docker_container import KEEPALIVE
 
     client = docker.from_env(timeout=120)
 

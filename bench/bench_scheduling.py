@@ -62,21 +62,21 @@ def _batch_slot_main(cfg, batches, results, threads: int, barrier: bool) -> None
     import signal
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    from agentbatch.prompt_runner import Clients, run_prompt
+    from agentbatch.sample_runner import Clients, run_sample
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     clients = Clients.for_config(cfg)
     if barrier:  # the worker runs its batch on all its threads and takes the next once the slowest is done
         with ThreadPoolExecutor(threads) as pool:
             while (batch := batches.get()) is not None:
-                for done in as_completed([pool.submit(run_prompt, task, cfg, clients) for task in batch]):
+                for done in as_completed([pool.submit(run_sample, task, cfg, clients) for task in batch]):
                     results.put(done.result())
         return
 
     def slot() -> None:
         while (batch := batches.get()) is not None:
             for task in batch:  # in order: the next prompt waits for the slowest so far
-                results.put(run_prompt(task, cfg, clients))
+                results.put(run_sample(task, cfg, clients))
 
     pool = [threading.Thread(target=slot) for _ in range(threads)]
     for t in pool:

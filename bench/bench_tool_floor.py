@@ -1,4 +1,4 @@
-"""(17) Tool-calling runs against their floor, and what a command costs a call in each sandbox.
+"""(19) Tool-calling runs against their floor, and what a command costs a call in each sandbox.
 
 Each prompt's first reply calls `terminal` once (`pwd; ls /`), its second answers. The floor of a run is
 ceil(N / C) × calls × L: rounds of C prompts, each prompt two replies of latency L apart, nothing else.
@@ -7,8 +7,8 @@ Two workloads, as issue 30 measured them: 120 prompts at 0.5 s with --concurrenc
 reply to its second request: the runner's work between two calls (the tool call in its sandbox, the
 messages, the next request), measured where it shows in the wall time.
 
-(17)  wall ÷ floor with the default sandbox (bwrap), every other flag at its default.
-(17s) the same runs in each sandbox (local, bwrap, docker; docker for the first workload only: 1,000
+(19)  wall ÷ floor with the default sandbox (bwrap), every other flag at its default.
+(19s) the same runs in each sandbox (local, bwrap, docker; docker for the first workload only: 1,000
       containers would take the shared engine minutes), and the time between a prompt's two calls.
 """
 
@@ -68,7 +68,7 @@ def _line(r: dict) -> str:
 
 
 def bench_tool_floor(results: dict, sandboxes: bool = False) -> None:
-    """(17), and with `sandboxes` (17s) every sandbox's runs."""
+    """(19), and with `sandboxes` (19s) every sandbox's runs."""
     image = _docker_image() if sandboxes else None
     for n, conc, latency in WORKLOADS:
         kinds = ["bwrap"] + (["local"] if sandboxes else []) + (["docker"] if image and n <= 200 else [])

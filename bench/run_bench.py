@@ -11,10 +11,12 @@
                                               # 11p: what the probe costs an endpoint without limits)
     python bench/run_bench.py --only 12       # sandbox starts paced apart, against the engine's best parallelism
     python bench/run_bench.py --only 13       # per-prompt cost of the bwrap, local and docker sandboxes
-    python bench/run_bench.py --only 14,14n,15  # the pacer against a window limit: Retry-After only, a bare 429,
+    python bench/run_bench.py --only 14       # what a call of an MCP tool costs the runner (bench_mcp.py)
+    python bench/run_bench.py --only 15       # --report over 100,000 lines: size, time to write, first paint in Chromium
+    python bench/run_bench.py --only 16,16n,17  # the pacer against a window limit: Retry-After only, a bare 429,
                                                 # a limit that moves (bench_pacing.py)
-    python bench/run_bench.py --only 16       # what pacing costs (8), (9), (10b), (10) against no limit
-    python bench/run_bench.py --only 17,17s   # tool-calling runs against their floor; each sandbox's cost per call
+    python bench/run_bench.py --only 18       # what pacing costs (8), (9), (10b), (10) against no limit
+    python bench/run_bench.py --only 19,19s   # tool-calling runs against their floor; each sandbox's cost per call
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -32,8 +34,10 @@ import time
 
 import psutil
 from bench_export import bench_export
+from bench_mcp import bench_mcp
 from bench_pacing import bench_moving_limit, bench_pacing_cost, bench_retry_after_only
 from bench_rate_limit import bench_probe_cost, bench_rate_limit
+from bench_report import bench_report
 from bench_resume import bench_resume
 from bench_sandbox_starts import bench_sandbox_starts
 from bench_sandboxes import bench_sandboxes
@@ -123,7 +127,8 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="1,2,3,4,5,8,9,10,10b",
-        help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export, 11-12 limits, 13 sandboxes; 1b, 10b: one run)",
+        help="comma-separated benchmark numbers (6 = Ray, 7 = Parquet export, 11-12 limits, 13 sandboxes, 14 MCP, "
+        "15 report; 1b, 10b: one run)",
     )
     which = {w.strip() for w in parser.parse_args().only.split(",") if w.strip()}
     OUT.mkdir(parents=True, exist_ok=True)
@@ -159,15 +164,19 @@ def main() -> int:
     if "13" in which:
         bench_sandboxes(results)
     if "14" in which:
-        bench_retry_after_only(results, "retry-after")
-    if "14n" in which:
-        bench_retry_after_only(results, "none")
+        bench_mcp(results)
     if "15" in which:
-        bench_moving_limit(results)
+        bench_report(results)
     if "16" in which:
+        bench_retry_after_only(results, "retry-after")
+    if "16n" in which:
+        bench_retry_after_only(results, "none")
+    if "17" in which:
+        bench_moving_limit(results)
+    if "18" in which:
         bench_pacing_cost(results)
-    if which & {"17", "17s"}:
-        bench_tool_floor(results, sandboxes="17s" in which)
+    if which & {"19", "19s"}:
+        bench_tool_floor(results, sandboxes="19s" in which)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

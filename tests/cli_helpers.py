@@ -45,6 +45,23 @@ def run_cli(args: list[str], cwd, server=None, timeout: float = RUN_TIMEOUT, env
     )
 
 
+def run_cli_wrapped(prelude: str, args: list[str], cwd, server=None) -> subprocess.CompletedProcess:
+    """The real CLI in a process that first runs `prelude`: Python that wraps a function to note what it sees."""
+    wrapper = Path(cwd) / "wrapped_cli.py"
+    wrapper.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n{prelude}\nfrom batch_runner import cli\ncli()\n"
+    )
+    command = cli_command(args, server)
+    return subprocess.run(
+        [command[0], str(wrapper), *command[2:]],
+        cwd=str(cwd),
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+
+
 def start_cli(args: list[str], cwd, server=None, env: dict | None = None) -> subprocess.Popen:
     """Start the CLI in its own process group, so a test can kill it and every worker at once."""
     return subprocess.Popen(

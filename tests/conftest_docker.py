@@ -54,7 +54,9 @@ def docker_run_name(docker_images) -> str:
     yield run_name
     left = leftover_containers(run_name)
     if left:
-        from agentbatch.sandboxes import docker as sandbox_docker
+        from agentbatch.sandboxes import docker_engine
 
-        sandbox_docker.reap({RUN_LABEL: run_name})  # do not leak them into the next test, but still fail this one
+        docker_engine.remove_labelled(
+            {RUN_LABEL: run_name}
+        )  # do not leak them into the next test, but still fail this one
     assert not left, f"containers of run {run_name} left behind: {left}"

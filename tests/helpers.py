@@ -9,10 +9,11 @@ from collections import Counter
 from scripted_server import MODEL_ID, ScriptedServer
 
 from agentbatch.model.client import ModelSettings
-from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.sample_runner import Clients, run_sample
 from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.settings import ToolSettings
+from agentbatch.work import RunConfig, SampleOutcome, SampleTask
 
 API_KEY = "sk-test-0000"
 
@@ -58,7 +59,7 @@ def run_prompt_outcome(
     require_reasoning: bool = False,
     sandbox: SandboxSettings | None = None,
     **model,
-) -> PromptOutcome:
+) -> SampleOutcome:
     """One prompt through the real prompt runner (sandbox, agent loop, trajectory), in a local sandbox by default.
 
     Pass `clients` to reuse them across many prompts (a new client costs ~25 ms loading CA certificates).
@@ -74,8 +75,8 @@ def run_prompt_outcome(
         verbose=True,
         sandbox=sandbox or SandboxSettings(),
     )
-    task = PromptTask(prompt_index, prompt, 1, list(toolsets), cwd=cwd)
-    return run_prompt(task, cfg, clients or Clients.for_config(cfg))
+    task = SampleTask(prompt_index, prompt, 1, list(toolsets), cwd=cwd)
+    return run_sample(task, cfg, clients or Clients.for_config(cfg))
 
 
 def run_agent_once(server: ScriptedServer, prompt: str, toolsets: list[str], **cfg) -> dict:

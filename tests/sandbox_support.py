@@ -16,8 +16,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from agentbatch.sandboxes import bwrap, containment
-from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec
+from agentbatch.sandboxes import bwrap, containment, registry
+from agentbatch.sandboxes.base import Sandbox, SandboxSettings, SandboxSpec
 
 # Each: how the prompt's sandbox is made. "local" names the containment method it must use.
 KINDS = ("bwrap", "local-pidns", "local-cgroup", "local-scan")
@@ -39,6 +39,11 @@ def settings_for(kind: str, **limits) -> SandboxSettings:
 
 def spec_for(kind: str, cwd: str | None = None, **limits) -> SandboxSpec:
     return SandboxSpec(settings_for(kind, **limits), cwd=cwd, run_name="test")
+
+
+def create(spec: SandboxSpec) -> Sandbox:
+    """A sandbox made by the spec's backend, as a sample's first tool call makes it (call its cleanup() after)."""
+    return registry.get(spec.kind).create(spec)
 
 
 def new_marker() -> str:

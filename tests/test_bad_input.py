@@ -14,7 +14,7 @@ import pytest
 from cli_helpers import ROOT, RunDir, assert_clean_exit, prompt_of_record, run_cli, write_dataset
 from scripted_server import ScriptedServer
 
-from agentbatch.dataset import MAX_PROMPT_CHARS, load_entries
+from agentbatch.dataset_jsonl import MAX_PROMPT_CHARS, load_entries
 
 CORPUS = ROOT / "tests" / "fixtures" / "bad_datasets"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text(encoding="utf-8"))
@@ -174,7 +174,10 @@ def _fatal_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     cases["dataset missing"] = ([f"--dataset_file={tmp / 'nope.jsonl'}", *no_dataset], "does not exist")
     cases["dataset empty"] = ([f"--dataset_file={tmp / 'empty.jsonl'}", *no_dataset], "no valid entries")
     cases["dataset all bad"] = ([f"--dataset_file={tmp / 'all_bad.jsonl'}", *no_dataset], "no valid entries")
-    cases["dataset is a directory"] = ([f"--dataset_file={tmp}", *no_dataset], "cannot read dataset")
+    cases["dataset is a directory"] = (
+        [f"--dataset_file={tmp}", *no_dataset],
+        "is a directory but holds no Harbor task",
+    )
     cases["dataset flag missing"] = (no_dataset, "--dataset_file is required")
     return cases
 

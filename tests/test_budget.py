@@ -139,7 +139,84 @@ def test_admission_projects_the_prompts_in_flight():
     assert budget.may_start(0) and not budget.may_start(1)  # nothing known: one at a time
     capped = Budget(BudgetSettings(usd=1.0, usd_per_prompt=0.2), Spend())
     assert capped.may_start(4) and not capped.may_start(5)  # the per-prompt limit bounds each one
-    known = Budget(BudgetSettings(usd=1.0), Spend(cost=0.5, tokens=0, attempts=100))  # $0.005 a prompt
+    known = Budget(BudgetSettings(usd=1.0), Spend(cost=0.5, tokens=0, attempts=100, paid=100))  # $0.005 a prompt
     assert known.may_start(80) and not known.may_start(100)
-    assert not Budget(BudgetSettings(usd=1.0), Spend(cost=1.0, attempts=3)).may_start(0)
+    assert not Budget(BudgetSettings(usd=1.0), Spend(cost=1.0, attempts=3, paid=3)).may_start(0)
     assert known.prompts_left(10) == 90
+
+
+def test_attempts_that_spent_nothing_say_nothing_about_what_a_prompt_costs():
+    spend = Spend()
+    for _ in range(50):
+        spend.add({"total_tokens": 0, "cost": 0.0})  # failed setups, missing images, 4xx
+    assert (spend.attempts, spend.paid) == (50, 0)
+    budget = Budget(BudgetSettings(usd=1.0), spend)
+    assert budget.may_start(0) and not budget.may_start(1) and budget.mean_cost() is None
+    spend.add({"total_tokens": 30, "cost": 0.05})
+    assert budget.mean_cost() == pytest.approx(0.05)
+    assert budget.may_start(5) and not budget.may_start(6)  # $0.05 + 6 x $0.15 projected: the 50 others count not
+
+
+def test_the_per_prompt_limit_bounds_the_projection_after_prompts_finished_too():
+    spend = Spend(cost=0.06, attempts=1, paid=1)  # one costly prompt: a mean x 3 of $0.18 would allow none
+    assert not Budget(BudgetSettings(usd=0.2), spend).may_start(0)
+    capped = Budget(BudgetSettings(usd=0.2, usd_per_prompt=0.02), spend)
+    assert capped.may_start(6) and not capped.may_start(7)
+    cheap = Budget(BudgetSettings(usd=0.2, usd_per_prompt=0.02), Spend(cost=0.001, attempts=1, paid=1))
+    assert cheap.may_start(10)  # a mean (x 3) below the limit projects less than it
+
+
+def test_a_usage_of_another_shape_counts_nothing():
+    spend = Spend()
+    for usage in (None, "x", {"total_tokens": "12"}, {"total_tokens": True}, {"total_tokens": -5, "cost": "x"}):
+        spend.add(usage)
+    assert (spend.cost, spend.tokens, spend.attempts, spend.paid) == (0.0, 0, 5, 0)
+
+
+PAID = {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30, "cost": 0.02}
+
+
+@pytest.mark.parametrize(
+    "flags, over",
+    [
+        (("--budget_usd=0.1",), lambda usd, tokens: usd - 0.1),
+        (("--budget_usd=0.1", "--max_cost_per_prompt=0.02"), lambda usd, tokens: usd - 0.1),
+        (("--budget_tokens=150",), lambda usd, tokens: (tokens - 150) / 30 * 0.02),
+    ],
+    ids=["usd", "usd_with_per_prompt_limit", "tokens"],
+)
+def test_zero_cost_failures_do_not_open_every_slot(tmp_path, flags, over):
+    """Issue 26 item 1: a row whose setup fails spends nothing; the projection must not take it for a cheap prompt.
+
+    Before, the mean over every finished attempt was $0 after it, every slot was admitted, and 32 prompts ran.
+    """
+    rows = [{"prompt": "broken", "setup": "echo no repo >&2; exit 4"}] + [f"paid prompt {i}" for i in range(60)]
+    write_dataset(tmp_path / "ds.jsonl", rows)
+    run = RunDir(tmp_path / "data" / "budget")
+    args = ["--dataset_file=ds.jsonl", "--run_name=budget", *ARGS, "--concurrency=32", "--sandbox=local"]
+    args += ["--price_input=1", "--price_output=1", *flags]
+    with ScriptedServer(default_script=[{"content": "answer", "usage": PAID, "latency": 0.3}]) as srv:
+        proc = run_cli(args, tmp_path, srv)
+    assert_clean_exit(proc, 4)
+    usd, tokens = spend_in(run)
+    assert len(run.failed()) == 1 and run.failed()[0]["prompt"] == "broken"
+    # At most about one prompt's worth over (README, "Budget"), never a slot's worth each.
+    assert over(usd, tokens) <= 0.02 + 1e-9, proc.stderr
+    assert len(run.trajectories()) >= 2
+
+
+def test_earlier_sessions_zero_cost_failures_do_not_dilute_the_projection_on_resume(tmp_path):
+    broken = [{"prompt": f"broken {i}", "setup": "exit 4"} for i in range(10)]
+    write_dataset(tmp_path / "ds.jsonl", broken)
+    run = RunDir(tmp_path / "data" / "budget")
+    args = ["--dataset_file=ds.jsonl", "--run_name=budget", *ARGS, "--concurrency=32", "--sandbox=local"]
+    args += ["--price_input=1", "--price_output=1"]
+    with ScriptedServer(default_script=[{"content": "answer", "usage": PAID, "latency": 0.3}]) as srv:
+        assert_clean_exit(run_cli(args, tmp_path, srv), 3)
+        assert len(run.failed()) == 10
+        # The same rows (failing again, after the paid ones) and 40 paid prompts, resumed with a budget.
+        write_dataset(tmp_path / "ds.jsonl", [f"paid prompt {i}" for i in range(40)] + broken)
+        proc = run_cli([*args, "--resume", "--budget_usd=0.1"], tmp_path, srv)
+    assert_clean_exit(proc, 4)
+    usd, _ = spend_in(run)
+    assert usd <= 0.1 + 0.02 + 1e-9, proc.stderr

@@ -28,8 +28,8 @@ from agentbatch.executors import capacity
 )
 def test_sessions_are_threads_in_at_most_one_process_per_core(sessions, cores, files, expected):
     plan = capacity.plan(sessions, cores=cores, open_files=files)
-    assert (plan.processes, plan.threads) == expected and plan.sessions == sessions
-    assert plan.threads * capacity.FILES_PER_SESSION + capacity.FILES_PER_PROCESS <= files
+    assert (plan.processes, plan.threads) == expected and plan.slots == sessions
+    assert plan.threads * capacity.FILES_PER_SLOT + capacity.FILES_PER_PROCESS <= files
 
 
 def test_a_limit_no_layout_can_fit_is_a_clear_error():
@@ -84,8 +84,8 @@ def test_sessions_beyond_a_low_open_file_limit_are_spread_over_processes_and_non
 @pytest.mark.parametrize(
     "concurrency, limit, words",
     [
-        (1_000_000, None, ["1000000 sessions need about", "threads", "--concurrency"]),
-        (50_000, 100, ["50000 sessions need about", "open files", "ulimit -Hn"]),
+        (1_000_000, None, ["1000000 samples in flight need about", "threads", "--concurrency"]),
+        (50_000, 100, ["50000 samples in flight need about", "open files", "ulimit -Hn"]),
     ],
 )
 def test_more_sessions_than_the_machine_can_give_stop_before_anything_starts(tmp_path, concurrency, limit, words):

@@ -271,3 +271,15 @@ def test_one_slow_prompt_never_holds_up_the_others(tmp_path):
     order = [prompt_of_record(r) for r in RunDir(tmp_path / "data" / "sched").batch_records()]
     assert sorted(order) == sorted(["slow one", *fast])
     assert order[-1] == "slow one", f"prompts waited for the slow one: {order}"
+
+
+def test_each_line_says_how_long_its_sample_ran(tmp_path):
+    script = {"slow": [thinking("slow answer", latency=1.2)], "quick": [thinking("quick answer")]}
+    write_dataset(tmp_path / "d.jsonl", ["slow", "quick"])
+    with ScriptedServer(script=script) as srv:
+        done = run_cli(
+            ["--dataset_file=d.jsonl", "--batch_size=2", "--run_name=timed", "--sandbox=local"], tmp_path, srv
+        )
+    assert_clean_exit(done)
+    seconds = {prompt_of_record(r): r["duration_seconds"] for r in RunDir(tmp_path / "data" / "timed").trajectories()}
+    assert 1.2 <= seconds["slow"] < 30 and 0 <= seconds["quick"] < seconds["slow"]

@@ -12,10 +12,9 @@ import pytest
 from conftest_docker import leftover_containers
 from helpers import make_ctx
 
-from agentbatch import sandboxes
-from agentbatch.sandboxes import docker as sandbox_docker
+from agentbatch.sandboxes import docker_container, registry
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, SandboxError, SandboxSettings, SandboxSpec, owner_labels
-from agentbatch.sandboxes.output import MAX_KEPT_OUTPUT
+from agentbatch.sandboxes.output import KILL_GRACE, MAX_KEPT_OUTPUT
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import call_tool, load_tools
 from agentbatch.tools.settings import ToolSettings
@@ -80,7 +79,7 @@ def test_each_prompt_sees_its_own_image_and_cwd(contexts, docker_images):
         "/srv/two",
         "only in image 2",
     ]
-    assert sh(third, "pwd").strip() == sandbox_docker.DEFAULT_WORKDIR
+    assert sh(third, "pwd").strip() == docker_container.DEFAULT_WORKDIR
     result, ok = tool(first, "terminal", command="cat /opt/only-in-2")
     assert ok and result["exit_code"] != 0  # a failing command is a result, not a tool failure
     result, ok = tool(first, "terminal", command="echo 123; if then fi")
@@ -139,7 +138,7 @@ def test_write_file_makes_parents_without_replacing_symlinked_directories(contex
 
 def test_a_non_root_image_user_owns_its_workdir_and_written_files(contexts, docker_images):
     ctx = contexts(conftest_docker.IMAGE_NOBODY)
-    assert sh(ctx, "id -u; pwd").split() == ["65534", sandbox_docker.DEFAULT_WORKDIR]
+    assert sh(ctx, "id -u; pwd").split() == ["65534", docker_container.DEFAULT_WORKDIR]
     assert tool(ctx, "write_file", path="sub/made.txt", content="from the tool\n")[1]
     # The user can extend the tool's file and create its own next to it, in the directory Docker made as root.
     assert sh(ctx, "echo by-user >> sub/made.txt && echo own > own.txt && cat sub/made.txt own.txt") == (
@@ -153,7 +152,7 @@ def test_unavailable_image_fails_at_once_with_a_clear_message(contexts, docker_r
     spec = SandboxSpec(DOCKER, image=MISSING_IMAGE, run_name=docker_run_name)
     start = time.monotonic()
     with pytest.raises(SandboxError) as raised:
-        sandboxes.prepare(spec)
+        registry.get("docker").prepare(spec)
     assert time.monotonic() - start < 15
     message = str(raised.value)
     assert MISSING_IMAGE in message and "\n" not in message
@@ -164,9 +163,9 @@ def test_unavailable_image_fails_at_once_with_a_clear_message(contexts, docker_r
     assert leftover_containers(docker_run_name) == []
 
     with pytest.raises(SandboxError, match="absolute"):
-        sandboxes.prepare(SandboxSpec(DOCKER, image=docker_run_name, cwd="relative/dir"))
+        registry.get("docker").prepare(SandboxSpec(DOCKER, image=docker_run_name, cwd="relative/dir"))
     with pytest.raises(SandboxError, match="no Docker image"):
-        sandboxes.prepare(SandboxSpec(DOCKER, image=None))
+        registry.get("docker").prepare(SandboxSpec(DOCKER, image=None))
 
 
 def test_a_command_past_its_timeout_is_killed_with_what_it_started(contexts, docker_images):
@@ -178,20 +177,42 @@ def test_a_command_past_its_timeout_is_killed_with_what_it_started(contexts, doc
 
     assert not ok and "timed out" in result["error"]
     assert "started" in result["output"] and "never" not in result["output"]
-    assert 2 <= elapsed < 2 + sandbox_docker.KILL_GRACE
+    assert 2 <= elapsed < 2 + KILL_GRACE
     assert "sleep 4" not in sh(ctx, "ps -o args")  # the background child went too, not just the shell
     assert sh(ctx, "echo still usable") == "still usable\n"
 
 
-def test_a_process_that_escapes_the_session_cannot_hang_the_call(contexts, docker_images):
+def test_a_process_that_leaves_the_session_is_killed_at_the_timeout_too(contexts, docker_images):
     ctx = contexts(docker_images[0], timeout=1)
     sh(ctx, "true")
     start = time.monotonic()
-    # setsid leaves the killed session but keeps the output pipe open: the call must give up on it.
+    # setsid leaves the killed session and keeps the output pipe open: it goes too, and the call ends.
     result, ok = tool(ctx, "terminal", command="setsid sleep 43 & echo detached; sleep 44")
     assert not ok and "timed out" in result["error"] and "detached" in result["output"]
-    assert time.monotonic() - start < 1 + sandbox_docker.KILL_GRACE + 2
+    assert time.monotonic() - start < 1 + KILL_GRACE + 2
+    assert "sleep 4" not in sh(ctx, "ps -o args"), "a setsid process outlived its command's timeout"
     assert sh(ctx, "echo next") == "next\n"
+
+
+def test_a_timeout_kills_every_escape_and_nothing_of_earlier_commands(contexts, docker_images):
+    """nohup, setsid, a double fork, a cleared environment: all go; a server an earlier command left stays."""
+    ctx = contexts(docker_images[0], timeout=2)
+    sh(ctx, "setsid sleep 1042 > /dev/null 2>&1 & echo left")  # a server of its own: it stays
+    escapes = [
+        "nohup sleep 2041 > /dev/null 2>&1 &",
+        "setsid sleep 2042 > /dev/null 2>&1 &",
+        "( setsid sh -c 'sleep 2043 & exit 0' & ) > /dev/null 2>&1",
+        "env -i sleep 2044 > /dev/null 2>&1 &",
+        "( setsid env -i sh -c 'sleep 2045 & exit 0' & ) > /dev/null 2>&1",
+        "( while :; do sleep 2046 & sleep 0.05; done ) > /dev/null 2>&1 &",
+        "echo started; sleep 2047",
+    ]
+    result, ok = tool(ctx, "terminal", command="\n".join(escapes))
+    assert not ok and "timed out" in result["error"] and "started" in result["output"]
+    time.sleep(0.5)  # a respawner killed too late would have started another sleep by now
+    left = sh(ctx, "ps -o args")
+    assert [n for n in range(2041, 2048) if f"sleep {n}" in left] == [], left
+    assert "sleep 1042" in left, "the timeout killed what an earlier command left"
 
 
 def test_host_environment_never_reaches_the_container(contexts, docker_images, monkeypatch):
@@ -262,26 +283,26 @@ def test_reap_removes_only_the_containers_of_that_run_directory(docker_images, d
     """Same --run_name, another --output_dir: another run directory, whose containers a reap never touches."""
     mine, other = owner_labels(str(tmp_path / "a" / "run"), "dead"), owner_labels(str(tmp_path / "b" / "run"), "live")
 
-    def sandbox(image: str, labels: dict) -> sandbox_docker.DockerSandbox:
-        return sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=image, run_name=docker_run_name, labels=labels))
+    def sandbox(image: str, labels: dict) -> docker_container.DockerSandbox:
+        return docker_container.DockerSandbox(SandboxSpec(DOCKER, image=image, run_name=docker_run_name, labels=labels))
 
     left = [sandbox(docker_images[0], mine), sandbox(docker_images[1], mine)]
     survivor = sandbox(docker_images[0], other)
     try:
         assert len(leftover_containers(docker_run_name)) == 3
-        assert sandbox_docker.reap({RUN_DIR_LABEL: mine[RUN_DIR_LABEL]}) == 2
+        assert registry.get("docker").reap({RUN_DIR_LABEL: mine[RUN_DIR_LABEL]}) == 2
         assert len(leftover_containers(docker_run_name)) == 1
         assert survivor.exec("echo alive", 10).output == "alive\n"
         for s in left:  # cleanup of a container someone else removed is quiet
             s.cleanup()
-        assert sandbox_docker.reap({RUN_DIR_LABEL: mine[RUN_DIR_LABEL]}) == 0
+        assert registry.get("docker").reap({RUN_DIR_LABEL: mine[RUN_DIR_LABEL]}) == 0
     finally:
         survivor.cleanup()
     assert leftover_containers(docker_run_name) == []
 
 
 def test_cleanup_is_idempotent_and_a_cleaned_sandbox_refuses_work(docker_images, docker_run_name):
-    sandbox = sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))
+    sandbox = docker_container.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))
     assert sandbox.exec("exit 7", 10).exit_code == 7
     sandbox.cleanup()
     sandbox.cleanup()
@@ -290,7 +311,7 @@ def test_cleanup_is_idempotent_and_a_cleaned_sandbox_refuses_work(docker_images,
 
 
 def test_huge_output_keeps_head_and_tail(docker_images, docker_run_name):
-    sandbox = sandbox_docker.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))
+    sandbox = docker_container.DockerSandbox(SandboxSpec(DOCKER, image=docker_images[0], run_name=docker_run_name))
     try:
         cap = MAX_KEPT_OUTPUT
         result = sandbox.exec(f"echo FIRST; yes filler | head -c {5 * cap}; echo; echo LAST", 60)

@@ -57,7 +57,12 @@ def test_parquet_carries_old_and_new_fields_in_one_schema(exported, tmp_path):
         assert row["reward"] == record.get("reward") and row["passed"] == record.get("passed")
         assert row["usage"]["cost"] == record["usage"].get("cost")
         assert row["sample_index"] == record["sample_index"]
-        assert json.loads(row["extra"]) == {"check": record["check"]}, "only its check lies outside the columns"
+        extra = {
+            "identity": record["identity"],
+            "check": record["check"],
+            "duration_seconds": record["duration_seconds"],
+        }
+        assert json.loads(row["extra"]) == extra, "only its row's identity, check and duration lie outside the columns"
         for cell, turn in zip(row["conversations"], record["conversations"], strict=True):
             assert (json.loads(cell["extra"]) if cell["extra"] else {}) == (
                 {"logprobs": turn["logprobs"]} if "logprobs" in turn else {}
@@ -222,6 +227,69 @@ def test_a_killed_run_exports_and_secrets_never_reach_an_export(exported, tmp_pa
             assert secret.encode() not in path.read_bytes(), path
 
 
+def test_a_reexport_and_another_runs_export_load_their_own_rows_from_one_cache(exported, tmp_path):
+    """`datasets` keys its cache of a folder with a card by the folder's name and the card: the card changes
+    with the rows, so a re-export, or another run's export in a folder of the same name, is never stale."""
+    cache = str(tmp_path / "cache")  # one cache directory, one process, as a training script has
+
+    def loaded(run_dir: Path) -> dict[str, int]:
+        return {
+            f: len(load_dataset(str(run_dir / "export" / f), split="train", cache_dir=cache)) for f in TRAINING_FORMATS
+        }
+
+    def written(run_dir: Path) -> dict[str, int]:
+        report = json.loads((run_dir / "export" / "report.json").read_text())
+        return {f: report[f]["written"] for f in TRAINING_FORMATS}
+
+    formats = f"--export={','.join(TRAINING_FORMATS)}"
+    run = copy_run(exported, tmp_path / "first")
+    assert_clean_exit(export_cli(run, formats))
+    everything = written(run)
+    assert loaded(run) == everything
+    assert_clean_exit(export_cli(run, formats, "--export_passed_only"))
+    passed = written(run)
+    assert all(0 < passed[f] < everything[f] for f in TRAINING_FORMATS), passed
+    assert loaded(run) == passed
+    other = copy_run(exported, tmp_path / "second")
+    for batch in sorted(other.glob("batch_*.jsonl"))[1:]:
+        batch.unlink()  # another run: fewer rows, the same folder names
+    assert_clean_exit(export_cli(other, formats))
+    assert loaded(other) == written(other) != passed
+    assert loaded(run) == passed
+
+
+def test_a_lone_surrogate_in_a_calls_arguments_is_a_question_mark_in_every_export(exported, tmp_path):
+    run_dir = copy_run(exported, tmp_path)
+    record = next(r for r in batch_records(run_dir) if r["conversations"][0]["value"] == "p-parallel")
+    odd = dict(record, prompt_index=97)
+    odd["conversations"] = [
+        # The escapes as a model writes them in its arguments: text in the line, surrogates once parsed.
+        dict(t, tool_calls=[dict(c, arguments='{"command": "echo \\ud800 and \\udfff"}') for c in t["tool_calls"]])
+        if t.get("tool_calls")
+        else t
+        for t in record["conversations"]
+    ]
+    with open(run_dir / f"batch_{NEW_BATCH + 50}.jsonl", "w") as f:
+        f.write(json.dumps(odd) + "\n")
+    assert_clean_exit(export_cli(run_dir, f"--export={ALL}"))
+    out = run_dir / "export"
+    for fmt in TRAINING_FORMATS:  # each loads whole, as before
+        assert len(load_dataset(str(out / fmt), split="train", cache_dir=str(tmp_path / fmt))) == len(
+            batch_records(run_dir)
+        ), fmt
+    docs = [atif.Trajectory.model_validate_json(f.read_text()) for f in (out / "atif" / "trajectories").glob("*.json")]
+    arguments = [c.arguments for d in docs for s in d.steps for c in s.tool_calls or ()]
+    assert arguments.count({"command": "echo ? and ?"}) == 2
+    from inspect_ai.log import read_eval_log
+
+    (log,) = (read_eval_log(str(p)) for p in (out / "inspect").glob("*.eval"))
+    calls = [c.arguments for s in log.samples for m in s.messages for c in getattr(m, "tool_calls", None) or ()]
+    assert calls.count({"command": "echo ? and ?"}) == 2
+    for fmt in ("llama_factory", "hermes"):
+        text = (out / fmt / "data.jsonl").read_text()
+        assert text.count('\\"echo ? and ?\\"') == 2 and "\\ud8" not in text.lower(), fmt
+
+
 def test_export_at_the_end_of_every_session(tmp_path):
     script = {"first": [_thinking("one")], "second": [_thinking("two")]}
     with ScriptedServer(script=script) as srv:
@@ -244,10 +312,6 @@ def test_export_at_the_end_of_every_session(tmp_path):
     "flags, message",
     [
         (["--export=openai,csv"], "--export: unknown format 'csv'; choose from openai, llama_factory"),
-        (
-            ["--export=openai", "--export_toolsets=web,spreadsheets"],
-            "--export_toolsets: unknown toolset 'spreadsheets'",
-        ),
         (["--export=openai", "--export_min_turns=-1"], "--export_min_turns must be a whole number"),
     ],
 )

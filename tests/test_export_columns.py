@@ -16,7 +16,9 @@ from agentbatch.export import parquet_columns as columns  # noqa: E402
 from agentbatch.export.common import ExportContext, Filters, RunSource, parse_line  # noqa: E402
 from agentbatch.export.dataset_card import CardStats, card_body  # noqa: E402
 from agentbatch.export.parquet_lines import read_block, scan  # noqa: E402
-from agentbatch.export.parquet_rows import SCHEMA, line_extra, turn_extras  # noqa: E402
+from agentbatch.export.parquet_rows import layout, line_extra, turn_extras  # noqa: E402
+
+RUN = layout()  # the built-in tools' schema
 from agentbatch.export.run_export import export  # noqa: E402
 from trajectory import unknown_tools  # noqa: E402
 
@@ -52,18 +54,18 @@ def _varied() -> list[dict]:
 def test_columns_give_what_python_gives_on_the_parsed_lines():
     records = _varied()
     lines = _lines(records)
-    block = read_block(lines, [len(line) for line in lines])
+    block = read_block(lines, [len(line) for line in lines], RUN)
     assert block.row == list(range(len(lines))), "every line typed, in order"
-    assert not any(scan(line).python for line in lines)
+    assert not any(scan(line, RUN).python for line in lines)
     table = block.table
-    assert columns.unknown_tools(table).tolist() == [bool(unknown_tools(r["conversations"])) for r in records]
+    assert columns.unknown_tools(table, RUN).tolist() == [bool(unknown_tools(r["conversations"])) for r in records]
     for filters in FILTERS:
-        assert columns.rejections(table, filters) == [filters.rejects(r) for r in records], filters
+        assert columns.rejections(table, filters, RUN) == [filters.rejects(r) for r in records], filters
         kept = [i for i, r in enumerate(records) if not filters.rejects(r)]
         expected, got = CardStats(), CardStats()
         for i in kept:
             expected.add(records[i])
-        columns.add_stats(got, table.take(kept), columns.assistant_turns(table)[kept])
+        columns.add_stats(got, table.take(kept), columns.assistant_turns(table)[kept], RUN)
         assert _state(got) == _state(expected), filters
 
 
@@ -72,9 +74,9 @@ def test_equal_counts_keep_the_order_python_counts_them_in():
     a, b = regular(1), regular(2)  # read_file once; web_search and terminal once each: all tied
     for order in ([a, b], [b, a], [b, b, a], [a, regular(0), b]):
         lines = _lines(order)
-        table = read_block(lines, [len(line) for line in lines]).table
+        table = read_block(lines, [len(line) for line in lines], RUN).table
         stats, reference = CardStats(), CardStats()
-        columns.add_stats(stats, table, columns.assistant_turns(table))
+        columns.add_stats(stats, table, columns.assistant_turns(table), RUN)
         for r in order:
             reference.add(r)
         assert list(stats.tool_calls.items()) == list(reference.tool_calls.items())
@@ -94,8 +96,8 @@ def test_lines_whose_keys_change_a_figure_are_parsed_in_python(change):
     record = regular(3)
     change(record)
     (line,) = _lines([record])
-    assert read_block([line], [len(line)]).row == [0], "Arrow types it"
-    assert scan(line).python
+    assert read_block([line], [len(line)], RUN).row == [0], "Arrow types it"
+    assert scan(line, RUN).python
 
 
 def test_extra_fields_are_found_without_parsing_the_line():
@@ -105,12 +107,12 @@ def test_extra_fields_are_found_without_parsing_the_line():
     records[2]["conversations"][0]["weight"] = None
     records[3]["text"] = 'caf\u00e9 \U0001f600 \\ud800 "quoted"'
     for line in _lines(records):
-        found, record = scan(line), parse_line(line)
+        found, record = scan(line, RUN), parse_line(line)
         assert not found.python
         assert found.extra == line_extra(record) and found.extra is not None
         assert found.turn_extras == turn_extras(record)
     plain = regular(4)
-    found = scan(_lines([plain])[0])
+    found = scan(_lines([plain])[0], RUN)
     assert found.extra == line_extra(plain) == json.dumps({"check": plain["check"]})
     assert found.turn_extras == [None] * len(plain["conversations"])
 
@@ -120,15 +122,17 @@ def test_the_fields_a_runner_adds_are_found_as_the_line_holds_them():
     records = [regular(i) for i in range(5)]
     records[1]["check"] = {"status": "passed", "exit_code": 0, "output": "ok ✓ \\ud800", "seconds": 1.5}
     records[2]["check"] = None
+    records[2]["duration_seconds"] = 12.5
     del records[3]["check"]
+    records[3]["duration_seconds"] = 0.001
     for t in records[4]["conversations"]:
         if t["from"] == "gpt":
             t["logprobs"] = {"content": [{"token": "é", "logprob": -0.5, "top_logprobs": []}]}
     for record, line in zip(records, _lines(records), strict=True):
-        found = scan(line)
+        found = scan(line, RUN)
         assert not found.python and found.extra == line_extra(record), record.get("check")
         assert found.turn_extras == turn_extras(record)
-    assert scan(_lines([records[4]])[0]).turn_extras.count(None) < len(records[4]["conversations"])
+    assert scan(_lines([records[4]])[0], RUN).turn_extras.count(None) < len(records[4]["conversations"])
 
 
 def test_lines_arrow_cannot_type_are_found_among_those_it_can():
@@ -142,7 +146,7 @@ def test_lines_arrow_cannot_type_are_found_among_those_it_can():
         b'{"prompt_index": 6, "stop_reason": 7, "conversations": []}\n',
     ]
     lines = [good[0], bad[0], good[1], good[2], bad[1], bad[2], good[3], bad[3], bad[4], good[4], bad[5], *good[5:]]
-    block = read_block(lines, [len(line) for line in lines])
+    block = read_block(lines, [len(line) for line in lines], RUN)
     typed = [i for i, r in enumerate(block.row) if r >= 0]
     assert [lines[i] for i in typed] == good
     assert [block.row[i] for i in typed] == list(range(len(good)))
@@ -163,7 +167,7 @@ def _reference(run_dir: Path, filters: Filters) -> tuple[dict, str]:
     counts = {"lines": c.lines, "bytes": c.bytes, "not_json": c.not_json, "unknown_tool": c.unknown_tool}
     counts.update(trajectories=c.trajectories, filtered=list(c.filtered.items()), written=stats.rows)
     ctx = ExportContext(run_dir.name, run_dir, {}, {}, filters)
-    return counts, card_body(ctx, stats, SCHEMA, 1)
+    return counts, card_body(ctx, stats, RUN.schema, 1)
 
 
 def _interleaved() -> list[dict]:

@@ -246,3 +246,30 @@ def test_the_file_tools_read_only_inside_the_prompts_directories(tmp_path, proje
     assert all("only inside" in r["error"] for r in refused), refused
     assert allowed["content"].startswith("# TODO")
     assert "root:" not in json.dumps(refused)
+
+
+def test_a_search_never_follows_a_symlink_out_of_the_prompts_directory(tmp_path, project):
+    """`ln -s /etc etc`, then `etc/.` or `etc/`: what the search is handed is the path that was checked."""
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "deep" / "shadow").write_text("root:TOPSECRET:0\n")
+    (project / "src" / "notes.txt").write_text("no TOPSECRET here, only its name\n")
+    script = {
+        "escape": [
+            call("terminal", command=f"ln -s {outside} etc && ln -s {outside} src/rootdir"),
+            *[call("search_files", pattern="root:TOPSECRET", path=p) for p in ESCAPES],
+            call("search_files", pattern="TOPSECRET", path="src/."),
+            {"content": "done"},
+        ]
+    }
+    rows = [{"prompt": "escape", "cwd": str(project)}]
+    proc, run_dir = run(tmp_path, rows, script, "--sandbox=local", "--distribution=terminal_only")
+    assert_clean_exit(proc)
+    _, *escapes, inside = results(run_dir.trajectories()[0])
+    assert "root:TOPSECRET" not in json.dumps(escapes), escapes
+    assert all("symbolic link" in r["error"] for r in escapes if r.get("error")), escapes
+    # A search below the directory still works, and finds nothing behind the link it meets on the way.
+    assert inside["matches"] == ["src/notes.txt:1:no TOPSECRET here, only its name"], inside
+
+
+ESCAPES = ["etc/.", "etc/", "etc", "./etc/./", "src/../etc/.", "etc/deep", "src/rootdir/.", "src/rootdir/deep/."]

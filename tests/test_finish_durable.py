@@ -8,37 +8,27 @@ os.fsync wrapped to note which file was synced at what size, in order.
 from __future__ import annotations
 
 import json
-import subprocess
 
-from cli_helpers import ROOT, RunDir, cli_command, cli_env, thinking, write_dataset
+from cli_helpers import RunDir, run_cli_wrapped, thinking, write_dataset
 from scripted_server import ScriptedServer
 
 NOTING_FSYNC = """
-import os, sys
-sys.path.insert(0, {root!r})
+import os
 real = os.fsync
 def fsync(fd):
     real(fd)
     with open({log!r}, "a") as log:
         log.write(f"{{os.readlink(f'/proc/self/fd/{{fd}}')}}\\t{{os.fstat(fd).st_size}}\\n")
 os.fsync = fsync
-from batch_runner import cli
-cli()
 """
 
 
 def test_every_batch_line_is_synced_before_the_checkpoint_says_finished(tmp_path):
     log = tmp_path / "fsyncs.tsv"
-    wrapper = tmp_path / "noting_fsync.py"
-    wrapper.write_text(NOTING_FSYNC.format(root=str(ROOT), log=str(log)))
     dataset = write_dataset(tmp_path / "d.jsonl", [f"task {i}" for i in range(12)])
+    args = [f"--dataset_file={dataset}", "--run_name=r", f"--output_dir={tmp_path}", "--batch_size=5"]
     with ScriptedServer(default_script=[thinking("done")]) as srv:
-        command = cli_command(
-            [f"--dataset_file={dataset}", "--run_name=r", f"--output_dir={tmp_path}", "--batch_size=5"], srv
-        )
-        done = subprocess.run(
-            [command[0], str(wrapper), *command[2:]], cwd=tmp_path, env=cli_env(), capture_output=True, text=True
-        )
+        done = run_cli_wrapped(NOTING_FSYNC.format(log=str(log)), args, tmp_path, srv)
     assert done.returncode == 0, done.stderr
     run = RunDir(tmp_path / "r")
     assert json.loads((run.path / "checkpoint.json").read_text())["state"] == "finished"

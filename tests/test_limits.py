@@ -3,6 +3,7 @@ nothing of theirs keeps running."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -11,9 +12,13 @@ import uuid
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, prompt_of_record, run_cli, thinking, write_dataset
 from conftest_docker import leftover_containers
+from fake_site import FakeSite, trickle_reply
+from helpers import make_ctx
 from scripted_server import ScriptedServer
 
+from agentbatch.limits import PromptLimits, SampleLimits
 from agentbatch.model.client import ModelSettings
+from agentbatch.tools.settings import ToolSettings
 
 ARGS = ["--batch_size=10", "--distribution=terminal_only", "--num_workers=2", "--concurrency=4", "--max_retries=1"]
 
@@ -94,6 +99,59 @@ def test_prompt_timeout_cuts_commands_and_model_calls_and_ends_only_those_prompt
     stats = run_dir.stats()
     assert stats["stop_reasons"] == {"time": 3, "answered": 1}
     assert stats["partial"] == 3 and stats["prompts"]["done"] == 4
+
+
+def test_every_timeout_a_tool_reads_from_its_context_is_cut_to_the_time_the_prompt_has_left():
+    settings = ToolSettings(command_timeout=60, request_timeout=120, web_timeout=30, max_output_chars=7)
+    ctx = make_ctx(settings)
+    assert ctx.settings is settings  # no time limit: the settings as they are
+    ctx.limits = SampleLimits(PromptLimits(seconds=5))
+    cut = ctx.settings
+    assert max(cut.command_timeout, cut.request_timeout, cut.web_timeout) <= 5
+    assert min(cut.command_timeout, cut.request_timeout, cut.web_timeout) > 4
+    assert cut.max_output_chars == 7 and cut.private_networks == settings.private_networks
+    ctx.limits = SampleLimits(PromptLimits(seconds=5), start=time.monotonic() - 6)  # the time is up
+    assert ctx.settings.command_timeout == ctx.settings.web_timeout == 0
+
+
+def tool_call(name: str, **arguments) -> dict:
+    return {"reasoning": "look", "tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def test_prompt_timeout_cuts_web_tools(tmp_path):
+    page = b"<html><body><p>" + b"x" * 400 + b"</p></body></html>"
+    site = FakeSite(
+        {
+            "/trickle": trickle_reply(page, 0.5),  # 200 s of body, a byte every half second
+            "/search": trickle_reply(json.dumps({"results": []}).encode() + b" " * 400, 0.5),
+        }
+    )
+    script = {
+        # Ten trickling pages: 5 at a time, each cut only at WEB_TIMEOUT (30 s) without the prompt's limit.
+        "extract": [tool_call("web_extract", urls=[f"{site.url}/trickle?{i}" for i in range(10)]), thinking("x")],
+        # Three attempts of 30 s each, and the pauses between them.
+        "search": [tool_call("web_search", query="anything"), thinking("x")],
+    }
+    env = {"TAVILY_API_KEY": "tvly-limits-test", "TAVILY_BASE_URL": site.url}
+    write_dataset(tmp_path / "ds.jsonl", list(script))
+    args = ["--dataset_file=ds.jsonl", "--run_name=limits", *ARGS, "--distribution=minimal"]
+    try:
+        with ScriptedServer(script=script) as srv:
+            started = time.monotonic()
+            proc = run_cli([*args, "--allow_private_urls=true", "--prompt_timeout=4"], tmp_path, srv, env=env)
+            took = time.monotonic() - started
+    finally:
+        site.close()
+    assert_clean_exit(proc)
+    records = by_prompt(RunDir(tmp_path / "data" / "limits"))
+    assert {p: r["stop_reason"] for p, r in records.items()} == dict.fromkeys(script, "time")
+    extract, search = (
+        json.loads(next(t["value"] for t in records[p]["conversations"] if t["from"] == "tool")) for p in script
+    )
+    assert [("Timeout" in e["error"]) for e in extract["results"]] == [True] * 10, extract
+    assert "tavily search failed" in search["error"], search
+    # Either tool alone would take 60 s or more; generous for a loaded machine, far below that.
+    assert took < 40, took
 
 
 def test_token_and_cost_limits_stop_before_the_next_call(tmp_path):

@@ -141,6 +141,60 @@ def test_readme_first_command_writes_real_trajectories(tmp_path):
     print(f"README command took {seconds:.0f} s")
 
 
+# A tool whose arguments cannot be short: uncapped, llama-cpp-python's handler writes all 300 characters of it.
+LONG_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "write_long",
+        "description": "Write a long text.",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string", "minLength": 300}},
+            "required": ["text"],
+        },
+    },
+}
+
+
+@needs_llama
+@pytest.mark.slow
+def test_every_call_of_the_local_model_ends_within_its_cap():
+    """The handler's tool path passes max_tokens=None to llama.cpp ("to the end of the context"): one reply ran
+    to 7,482 tokens while the other prompts waited behind it. Each call, through the adapter, stays in its cap."""
+    import httpx
+
+    asks = {
+        "a tool call whose arguments are long": {"messages": [{"role": "user", "content": "Call write_long."}]},
+        "a plain answer": {"messages": [{"role": "user", "content": "Name the three primary colors."}]},
+    }
+    with local_model.serve(None) as base_url:
+        for name, ask in asks.items():
+            for cap in (8, 24):
+                body = {"model": "local", "tools": [LONG_TOOL], "max_tokens": cap, **ask}
+                reply = httpx.post(f"{base_url}/chat/completions", json=body, timeout=600).json()
+                assert reply["usage"]["completion_tokens"] <= cap, (name, cap, reply)
+                calls = reply["choices"][0]["message"].get("tool_calls") or []
+                # a token is 2-5 characters of JSON here: the arguments were cut well short of 300
+                assert all(len(c["function"]["arguments"]) <= 6 * cap for c in calls), (name, cap, calls)
+
+
+def test_a_request_budget_caps_every_completion_the_handler_runs():
+    """TokenBudget, alone: what each completion may generate, and what is left for the next."""
+    asked = []
+
+    class Llama:
+        verbose = False
+
+        def create_completion(self, **kwargs):
+            asked.append(kwargs["max_tokens"])
+            return {"usage": {"completion_tokens": min(kwargs["max_tokens"], 7)}}
+
+    budget = local_model.TokenBudget(Llama(), 10)
+    for max_tokens in (None, 0, 100, 2, None):
+        budget.create_completion(prompt="p", max_tokens=max_tokens)
+    assert asked == [10, 3, 1, 1, 1] and budget.verbose is False
+
+
 @needs_llama
 def test_missing_gguf_is_one_line_error(tmp_path):
     (tmp_path / "ds.jsonl").write_text('{"prompt": "hi"}\n')

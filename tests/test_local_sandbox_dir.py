@@ -44,3 +44,18 @@ def test_a_relative_write_makes_the_directory_first(tmp_path, monkeypatch):
     assert (tmp_path / made / "notes" / "a.txt").read_bytes() == b"x"
     sandbox.cleanup()
     assert sandbox_dirs(tmp_path) == []
+
+
+def test_cleaning_up_twice_leaves_the_temp_directory_as_it_was(tmp_path, monkeypatch):
+    """A second cleanup (or a reap racing a cleanup) once chmodded the temp directory itself to 0700."""
+    import os
+    import stat
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    os.chmod(tmp_path, 0o1777)
+    sandbox = LocalSandbox()
+    sandbox.exec("mkdir -p locked/inner && chmod 000 locked . && echo done", timeout=30)
+    sandbox.cleanup()  # what the command locked, it removes: inside its own directory, modes are its to fix
+    assert sandbox_dirs(tmp_path) == []
+    sandbox.cleanup()
+    assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o1777

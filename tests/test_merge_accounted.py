@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from agentbatch import run_files
-from agentbatch.run_files import RunFiles, prompt_key
+from agentbatch.run_dir import lines as run_lines
+from agentbatch.run_dir.answers import prompt_key
+from agentbatch.run_dir.files import RunFiles
+from agentbatch.run_dir.merge import merge
 from agentbatch.run_statistics import RunStats
 from trajectory import first_human
 
@@ -41,7 +43,7 @@ def test_merging_counted_lines_equals_reading_every_line_back(tmp_path):
     earlier = RunFiles(str(tmp_path), secrets=(SECRET,))
     earlier.prepare()
     for i in range(3):  # a previous session's batch: no tool call in it
-        earlier.append(earlier.batch_path(0), record(i), kept=True)
+        earlier.append(earlier.paths.batch(0), record(i), kept=True)
     earlier.close()
 
     session = RunFiles(str(tmp_path), secrets=(SECRET,))
@@ -56,7 +58,7 @@ def test_merging_counted_lines_equals_reading_every_line_back(tmp_path):
     ]
     counted = []
     for n, r in ((1, lines[0]), (1, lines[1]), (1, lines[2]), (2, lines[3]), (2, lines[4]), (2, lines[5])):
-        if session.append(session.batch_path(n), r, kept=True):
+        if session.append(session.paths.batch(n), r, kept=True):
             count(stats, kept, r)
             counted.append(r["prompt_index"])
     assert counted == [10, 11, 15]
@@ -65,15 +67,19 @@ def test_merging_counted_lines_equals_reading_every_line_back(tmp_path):
     def absorb(r: dict) -> None:
         count(stats, kept, r)
 
-    report = session.merge(absorb)
+    report = merge(session, absorb)
     merged = (tmp_path / "trajectories.jsonl").read_bytes()
 
     (tmp_path / "trajectories.jsonl").unlink()
     reread_stats, reread_kept = RunStats(), Counter()
-    reread = RunFiles(str(tmp_path), secrets=(SECRET,)).merge(lambda r: count(reread_stats, reread_kept, r))
+    reread = merge(RunFiles(str(tmp_path), secrets=(SECRET,)), lambda r: count(reread_stats, reread_kept, r))
 
     assert merged == (tmp_path / "trajectories.jsonl").read_bytes()
-    assert (report.kept, report.unknown_tool, report.not_json) == (reread.kept, reread.unknown_tool, 0) == (8, 1, 0)
+    assert (
+        (report.trajectories, report.unknown_tool, report.not_json)
+        == (reread.trajectories, reread.unknown_tool, 0)
+        == (8, 1, 0)
+    )
     assert stats.to_dict() == reread_stats.to_dict() and kept == reread_kept
     first = json.loads(merged.splitlines()[0])
     assert first["prompt_index"] == 15 and SECRET.encode() not in merged
@@ -82,13 +88,13 @@ def test_merging_counted_lines_equals_reading_every_line_back(tmp_path):
 def test_a_counted_line_changed_on_disk_is_read_back(tmp_path):
     files = RunFiles(str(tmp_path))
     files.prepare()
-    assert files.append(files.batch_path(0), record(1), kept=True)
+    assert files.append(files.paths.batch(0), record(1), kept=True)
     files.close()
     path = tmp_path / "batch_0.jsonl"
     path.write_bytes(path.read_bytes() + json.dumps(record(2)).encode() + b"\n")  # not written by the session
     seen = []
-    report = files.merge(lambda r: seen.append(r["prompt_index"]))
-    assert report.kept == 2 and seen == [2]
+    report = merge(files, lambda r: seen.append(r["prompt_index"]))
+    assert report.trajectories == 2 and seen == [2]
 
 
 def test_batches_a_session_wrote_alone_are_not_searched_for_leads(tmp_path, monkeypatch):
@@ -99,29 +105,29 @@ def test_batches_a_session_wrote_alone_are_not_searched_for_leads(tmp_path, monk
     earlier.prepare()
     old = record(0)
     old["conversations"][1]["logprobs"] = {"content": [{"token": "a", "logprob": -0.5}]}
-    earlier.append(earlier.batch_path(0), old, kept=True)
-    earlier.append(earlier.batch_path(0), record(1), kept=True)
+    earlier.append(earlier.paths.batch(0), old, kept=True)
+    earlier.append(earlier.paths.batch(0), record(1), kept=True)
     earlier.close()
 
     session = RunFiles(str(tmp_path))
     for n, i, tool in ((1, 10, None), (1, 11, "terminal"), (2, 12, None), (2, 13, None), (2, 14, "terminal")):
-        assert session.append(session.batch_path(n), record(i, tool=tool), kept=True)
+        assert session.append(session.paths.batch(n), record(i, tool=tool), kept=True)
     session.close()
 
-    searched, lines = [], run_files._lines
+    searched, read = [], run_lines.read
 
-    def spy(path, report, accounted=None, parse=True):
-        if not parse:
+    def spy(path, counts=None, **how):
+        if how.get("parse", True) is None:
             searched.append(path.rsplit("/", 1)[-1])
-        return lines(path, report, accounted, parse)
+        return read(path, counts, **how)
 
-    monkeypatch.setattr(run_files, "_lines", spy)
-    session.merge()
+    monkeypatch.setattr(run_lines, "read", spy)
+    merge(session)
     merged = (tmp_path / "trajectories.jsonl").read_bytes()
     assert searched == ["batch_0.jsonl"]
 
     (tmp_path / "trajectories.jsonl").unlink()
-    RunFiles(str(tmp_path)).merge()
+    merge(RunFiles(str(tmp_path)))
     assert merged == (tmp_path / "trajectories.jsonl").read_bytes()
     leads = [json.loads(line)["prompt_index"] for line in merged.splitlines()[:2]]
     assert leads == [14, 0]  # the newest batch's tool call, then the only logprobs

@@ -12,7 +12,8 @@ from test_samples_resume import OLD_FIELDS
 from test_trajectory_format import CHUNK, _load
 from verify_helpers import answer, args_for, sh
 
-from agentbatch.run_files import RunFiles
+from agentbatch.run_dir.files import RunFiles
+from agentbatch.run_dir.merge import merge
 
 PAD = "x" * 3000  # long prompts: a few lines fill a 16 KiB block
 
@@ -47,18 +48,18 @@ def test_lines_with_and_without_outcomes_and_logprobs_load_in_any_order(tmp_path
     files = RunFiles(str(tmp_path / "merged"))
     files.prepare()
     for n, batch in enumerate([first, rich]):
-        with open(files.batch_path(n), "w", encoding="utf-8") as f:
+        with open(files.paths.batch(n), "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in batch)
     assert (tmp_path / "merged" / "batch_0.jsonl").stat().st_size > 8 * CHUNK
-    report = files.merge()
-    assert report.kept == len(first) + len(rich)
-    merged = [json.loads(line) for line in open(files.path("trajectories.jsonl"), encoding="utf-8")]
+    report = merge(files)
+    assert report.trajectories == len(first) + len(rich)
+    merged = [json.loads(line) for line in open(files.paths.path("trajectories.jsonl"), encoding="utf-8")]
     # The leads, from the newest batch first: an old line is not among them; together they show every kind
     # of value the file holds.
     leads = next(i for i in range(len(merged)) if merged[i] == first[0])  # the rest keeps the files' order
     assert leads >= 1 and merged[:leads] == rich[:leads] and merged[leads : leads + len(first)] == first
 
-    ds = _load(files.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
+    ds = _load(files.paths.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
     assert ds.num_rows == len(merged)
     rewards = [r for r in ds["reward"] if r is not None]
     assert sorted(rewards) == sorted(r["reward"] for r in rich) and len(rewards) == len(rich)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from agentbatch.dataset import load_entries
+from agentbatch.dataset_jsonl import load_entries
 from agentbatch.outcome_stats import pass_at_k, shown_ks
 from agentbatch.verification import answer_matches, parse_reward
 
@@ -49,9 +49,64 @@ def test_the_summary_shows_pass_at_one_powers_of_two_and_the_largest_k():
         ("3.5", "13.5", False),
         ("-3", "x is -3", True),
         ("yes", "", False),
+        ("Paris", "Not Paris, it is Lyon.", False),  # right after "not": not the answer
+        ("Lyon", "Not Paris, it is Lyon.", True),
+        ("sure", "I am not sure", False),
+        ("x = 5", "x = 5.5", False),  # a phrase that ends in a digit does not end inside a longer number
+        ("x = 5", "so x = 5.", True),
+        ("391 apples", "-391 apples", False),
+        ("391 apples", "3.391 apples", False),
+        ("391 apples", "pages 100-391 apples", True),
     ],
 )
 def test_an_answer_matches_as_a_whole_word_or_phrase(expected, message, matches):
+    assert answer_matches(expected, message) is matches
+
+
+@pytest.mark.parametrize(
+    "message, matches",
+    [
+        ("17*23 = 391.", True),
+        ("The answer is 391", True),
+        ("**391**", True),
+        ("\\boxed{391}", True),
+        ("391.0", True),  # the same value
+        ("+391", True),
+        ("-391", False),  # the sign is part of the number
+        ("x = \u2212391", False),  # a typographic minus too
+        ("391.5", False),  # so are the decimals
+        ("3.391", False),
+        ("391,000", False),  # and the thousands
+        ("391,5", False),  # a decimal comma is not one number: it matches none
+        ("version 3.391.1", False),
+        ("It is 3910", False),
+        ("391km", False),
+        ("Not 391, it is 392", False),
+        ("It isn't 391; it is 392", False),
+        ("It is 392, not 391", False),
+        ("Not 392: it is 391", True),  # another occurrence still counts
+        ("pages 100-391", True),  # a dash after a digit is a range or a subtraction, not a sign
+        ("391 is wrong, it is 392", True),  # what a word-level rule cannot read: see the README
+    ],
+)
+def test_a_number_matches_a_whole_number_of_the_same_value(message, matches):
+    assert answer_matches("391", message) is matches
+
+
+@pytest.mark.parametrize(
+    "expected, message, matches",
+    [
+        ("-3", "x = -3", True),
+        ("-3", "5-3 = 2", False),  # a subtraction, not minus three
+        ("0.5", "about .5", True),
+        ("0.5", "0.50", True),
+        ("0.5", "10.5", False),
+        ("391,000", "391000 people", True),
+        ("391,000", "391 people", False),
+        ("1" + "0" * 5000, "it is 1" + "0" * 5000, True),  # no float overflows on the way
+    ],
+)
+def test_numbers_compare_by_value(expected, message, matches):
     assert answer_matches(expected, message) is matches
 
 
@@ -67,6 +122,12 @@ def test_an_answer_matches_as_a_whole_word_or_phrase(expected, message, matches)
         ("5 passed in 0.1s", None),
         ("", None),
         ('{"reward": "high"}', None),
+        ("1" * 401, None),  # no float holds it: the exit status decides, not an internal error
+        ('{"reward": 9' + "0" * 400 + "}", None),
+        ("-" + "9" * 400, None),
+        ("1e999", None),
+        ("9" * 5000, None),  # past Python's digit limit for int()
+        ("1e308", 1e308),
     ],
 )
 def test_the_reward_is_a_json_number_or_object_on_the_last_line(output, reward):

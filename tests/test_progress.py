@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import assert_clean_exit, cli_command, cli_env, run_cli, write_dataset
 from scripted_server import ScriptedServer
 
-from agentbatch.progress import Progress, eta
+from agentbatch.progress import Progress, eta, plain_line
 
 ARGS = ["--batch_size=10", "--distribution=terminal_only", "--require_reasoning=false", "--num_workers=2"]
 REPLY = [{"content": "answer", "latency": 0.3}]
@@ -77,6 +77,34 @@ def test_the_eta_comes_from_finished_prompts_not_from_batches():
     # At the end only the running ones remain: the longest remainder, not a share of the slots.
     assert eta(10.0, [1.0, 9.0], 0, 10) == pytest.approx(9.0)
     assert eta(10.0, [], 0, 4) == 0
+
+
+def test_prompts_running_past_the_mean_never_show_an_eta_of_0s():
+    """Issue 26 item 6: `8/12 ... ETA 0s` for five minutes while prompts ran far past the mean."""
+    assert eta(10.0, [12.0, 300.0], 0, 4) is None  # only overdue prompts left: no estimate
+    assert eta(10.0, [12.0, 9.5], 0, 4) == pytest.approx(0.5)  # one still expected: its remainder
+    assert eta(10.0, [300.0], 3, 4) == pytest.approx(7.5)  # the prompts not started still have the mean
+    view = Progress(total=3, stream=io.StringIO(), interval=60, slots=4, terminal=False)
+    for key in range(3):
+        view.started(key)
+    view.finished(0, "done", 0.0, {})
+    snap = view.snapshot()
+    assert snap.eta is None and snap.overdue is not None
+    assert plain_line(snap).endswith(f"ETA ? (running {snap.overdue:.0f}s)")
+
+
+def test_the_log_says_how_long_a_straggler_has_run_instead_of_eta_0s(tmp_path):
+    write_dataset(tmp_path / "ds.jsonl", ["fast 1", "fast 2", "fast 3", "slow"])
+    args = ["--dataset_file=ds.jsonl", "--run_name=late", *ARGS, "--concurrency=4", "--progress_seconds=0.5"]
+    script = {"slow": [{"content": "answer", "latency": 4.0}]}
+    with ScriptedServer(script=script, default_script=[{"content": "answer", "latency": 0.2}]) as srv:
+        proc = run_cli(args, tmp_path, srv)
+    assert_clean_exit(proc)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("progress [")]
+    running = [line for line in lines if "in flight 0" not in line]
+    assert not [line for line in running if "ETA 0s" in line], proc.stderr
+    assert any(re.search(r"ETA \? \(running \d+s\)$", line) for line in running), proc.stderr
+    assert lines[-1].endswith("ETA 0s")  # all done
 
 
 def test_the_view_reports_spend_and_the_budget_projection():

@@ -335,3 +335,12 @@ def test_a_refused_call_never_starts_again_before_its_retry_after():
                 refusals += 1
                 assert then - at >= wait - 0.01, f"called again {then - at:.3f} s after a 429 that said {wait:g} s"
     assert refusals >= 1  # the run met the limit, so the rule was exercised
+
+
+def test_a_probe_whose_first_answer_is_slow_keeps_admitting_calls():
+    # The embedded model's first answer can take minutes on a loaded machine: the window then is wide open,
+    # not a float overflow that failed every waiting call as an internal error.
+    from agentbatch.model.rate_limit import _probe_wait
+
+    for elapsed in (30.0, 600.0, 1e6):
+        assert _probe_wait(in_flight=500, waiting=10, elapsed=elapsed, share=1.0) is None

@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 from scripted_server import ScriptedServer  # noqa: E402
 
 from agentbatch.model.client import ModelSettings  # noqa: E402
-from agentbatch.prompt_runner import PromptTask, RunConfig  # noqa: E402
 from agentbatch.tools.settings import ToolSettings  # noqa: E402
+from agentbatch.work import RunConfig, SampleTask  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +60,12 @@ def run_cli(tmp_path: Path, name: str, base_url: str, *flags: str) -> subprocess
 
 
 def comparable(path: Path) -> list[dict]:
-    """Trajectory lines without what legitimately differs between runs (timestamps), in prompt order."""
+    """Trajectory lines without what legitimately differs between runs (timestamps, durations), in prompt order."""
     out = []
     for line in path.read_text().splitlines():
         record = json.loads(line)
         record["metadata"].pop("timestamp")
+        record.pop("duration_seconds")
         out.append(record)
     return sorted(out, key=lambda r: r["prompt_index"])
 
@@ -112,7 +113,7 @@ def config(base_url: str) -> RunConfig:
 def tasks(n: int, pulled: list[int]):
     for i in range(n):
         pulled.append(i)
-        yield PromptTask(i, f"task {i}", 0, ["file"])
+        yield SampleTask(i, f"task {i}", 0, ["file"])
 
 
 def test_stop_event_stops_dispatch(local_ray):

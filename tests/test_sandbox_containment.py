@@ -13,10 +13,20 @@ import time
 
 import pytest
 from helpers import run_agent_once, tool_turns
-from sandbox_support import CONTAINED, KINDS, cpu_load, escapes, new_marker, pids_with, spec_for, wait_gone
+from sandbox_support import (
+    CONTAINED,
+    KINDS,
+    cpu_load,
+    create,
+    escapes,
+    new_marker,
+    pids_with,
+    spec_for,
+    wait_gone,
+)
 from scripted_server import ScriptedServer
 
-from agentbatch import sandboxes
+from agentbatch.sandboxes import registry
 
 P = "the prompt"
 
@@ -27,7 +37,7 @@ def terminal_call(command: str) -> dict:
 
 @pytest.mark.parametrize("kind", CONTAINED)
 def test_every_escape_is_gone_when_its_command_ends(kind):
-    sandbox = sandboxes.create(spec_for(kind))
+    sandbox = create(spec_for(kind))
     marker = new_marker()
     try:
         start = time.monotonic()
@@ -42,7 +52,7 @@ def test_every_escape_is_gone_when_its_command_ends(kind):
 
 
 def test_the_scan_fallback_still_ends_what_keeps_its_tag():
-    sandbox = sandboxes.create(spec_for("local-scan"))
+    sandbox = create(spec_for("local-scan"))
     marker = new_marker()
     try:
         sandbox.exec(f"sleep {marker}1 > /dev/null 2>&1 & setsid sleep {marker}3 > /dev/null 2>&1 &", timeout=30)
@@ -53,7 +63,7 @@ def test_the_scan_fallback_still_ends_what_keeps_its_tag():
 
 @pytest.mark.parametrize("kind", CONTAINED)
 def test_a_timeout_kills_the_whole_tree(kind):
-    sandbox = sandboxes.create(spec_for(kind))
+    sandbox = create(spec_for(kind))
     marker = new_marker()
     try:
         start = time.monotonic()
@@ -83,7 +93,7 @@ def test_fifty_prompts_in_a_row_under_load_leave_not_one_survivor(kind):
     with cpu_load():
         for run in range(50):
             marker = new_marker()
-            sandbox = sandboxes.create(spec)
+            sandbox = create(spec)
             try:
                 sandbox.exec(escapes(marker), timeout=30)
                 sandbox.exec(f"sleep {marker}0 > /dev/null 2>&1 & exit 3", timeout=30)
@@ -97,8 +107,8 @@ def test_fifty_prompts_in_a_row_under_load_leave_not_one_survivor(kind):
 
 @pytest.mark.parametrize("kind", ["bwrap"])
 def test_a_fork_bomb_ends_its_own_command_only(kind):
-    bombed = sandboxes.create(spec_for(kind, processes=64))
-    other = sandboxes.create(spec_for(kind, processes=64))
+    bombed = create(spec_for(kind, processes=64))
+    other = create(spec_for(kind, processes=64))
     try:
         start = time.monotonic()
         result = bombed.exec("b() { b | b & }; b; sleep 3; echo after", timeout=8)
@@ -114,7 +124,7 @@ def test_a_fork_bomb_ends_its_own_command_only(kind):
 
 @pytest.mark.parametrize("kind", ["bwrap"])
 def test_a_memory_bomb_ends_its_own_command_only(kind):
-    sandbox = sandboxes.create(spec_for(kind, memory_bytes=256 * 1024**2))
+    sandbox = create(spec_for(kind, memory_bytes=256 * 1024**2))
     try:
         grab = "python3 -c 'x = bytearray(2 * 1024**3); print(len(x))'; echo exit=$?"
         result = sandbox.exec(grab, timeout=30)
@@ -131,7 +141,7 @@ def test_output_is_streamed_in_bounded_memory(kind):
     """200 MB of output: the head and the tail come back, the cut is marked, the worker holds a few MiB."""
     import resource
 
-    sandbox = sandboxes.create(spec_for(kind))
+    sandbox = create(spec_for(kind))
     try:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         result = sandbox.exec("echo FIRST; head -c 200000000 /dev/zero | tr '\\0' x; echo; echo LAST", timeout=60)
@@ -179,7 +189,7 @@ def test_sandboxes_of_a_dead_owner_are_reaped_and_live_ones_kept(tmp_path):
         assert leftover not in sandbox_dirs.dead_leftovers()  # its owner still runs
         worker.kill()
         worker.wait()
-        assert sandboxes.reap("local", "any run") >= 1
+        assert registry.get("local").reap({}) >= 1
         assert wait_gone(marker, 1.0) == []
         import os
 

@@ -53,8 +53,9 @@ def test_environment_values_are_parsed_and_flags_win():
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"WEB_TIMEOUT": "3O"}, "WEB_TIMEOUT must be a positive number, got '3O'"),
-        ({"WEB_EXTRACT_MAX_BYTES": "-1"}, "WEB_EXTRACT_MAX_BYTES must be a positive number"),
+        ({"WEB_TIMEOUT": "3O"}, "WEB_TIMEOUT must be a number above 0 and at most 604800, got '3O'"),
+        ({"WEB_TIMEOUT": "nan"}, "WEB_TIMEOUT must be a number above 0 and at most 604800, got 'nan'"),
+        ({"WEB_EXTRACT_MAX_BYTES": "-1"}, "WEB_EXTRACT_MAX_BYTES must be a number above 0"),
         ({"IMAGE_RESPONSE_FORMAT": "png"}, "IMAGE_RESPONSE_FORMAT must be one of url, b64_json"),
         ({"WEB_SEARCH_BACKEND": "tavly", "TAVILY_API_KEY": "k"}, "WEB_SEARCH_BACKEND='tavly' is not one of"),
         ({"BATCH_RUNNER_ALLOW_PRIVATE_URLS": "intranet"}, "is not a network"),
@@ -79,7 +80,7 @@ def test_a_bad_setting_stops_the_cli_before_anything_runs(tmp_path):
         env={"WEB_TIMEOUT": "soon"},
     )
     assert_clean_exit(done, 2)
-    assert done.stderr.strip() == "error: WEB_TIMEOUT must be a positive number, got 'soon'"
+    assert done.stderr.strip() == "error: WEB_TIMEOUT must be a number above 0 and at most 604800, got 'soon'"
     assert not (tmp_path / "r").exists()
 
 

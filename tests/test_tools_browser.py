@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
+import ipaddress
 import json
 import os
 import re
 import signal
+import socket
 import threading
 import time
+from dataclasses import replace
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from fake_site import FakeSite, html_reply
 from helpers import make_ctx as context
 from scripted_server import PNG_BYTES, ScriptedServer
 
+from agentbatch.limits import PromptLimits, SampleLimits
 from agentbatch.tools import browser as tools_browser
 from agentbatch.tools import browser_session
 from agentbatch.tools.context import ToolContext
@@ -258,6 +264,27 @@ def test_a_hung_renderer_is_killed_and_the_next_call_relaunches(site, monkeypatc
         ctx.close()
 
 
+def test_the_prompts_time_limit_cuts_a_hanging_page_and_a_hung_renderer(site):
+    ctx = make_ctx(command_timeout=60)  # without the prompt's limit: 30 s a navigation, 40 s a hang
+    try:
+        ok(ctx, "browser_navigate", url=f"{site}/page2.html")  # the browser starts before the clock does
+        ctx.limits = SampleLimits(PromptLimits(seconds=3))
+        start = time.monotonic()
+        stalled = call(ctx, "browser_navigate", url=f"{site}/stall")
+        assert time.monotonic() - start < 3 + 5, "generous for a loaded machine, far below 30 s"
+        cut = re.search(r"Timeout (\d+)ms exceeded", stalled["error"])
+        assert cut and int(cut.group(1)) <= 3000, stalled
+        ok(ctx, "browser_navigate", url=f"{site}/spin.html")
+        time.sleep(1)  # the page's script loop has started
+        ctx.limits = SampleLimits(PromptLimits(seconds=2))
+        start = time.monotonic()
+        hung = call(ctx, "browser_snapshot")
+        assert time.monotonic() - start < 2 + browser_session.DEADLINE_GRACE + 5
+        assert "did not respond" in hung["error"]
+    finally:
+        ctx.close()
+
+
 def test_a_crashed_browser_is_relaunched(ctx, site):
     ok(ctx, "browser_navigate", url=f"{site}/page2.html")
     session = ctx.resources[tools_browser.RESOURCE_KEY]
@@ -310,6 +337,85 @@ def test_policy_refuses_loopback_when_private_urls_are_not_allowed(site, monkeyp
         assert tools_browser.RESOURCE_KEY not in ctx.resources  # refused before any browser started
     finally:
         ctx.close()
+
+
+RTC_PAGE = """<!doctype html><html><head><title>rtc</title></head><body><p>rtc</p><script>
+// Every way a page can make WebRTC send: a STUN server, TURN over UDP and TCP, a remote peer's candidate.
+const pc = new RTCPeerConnection({iceServers: [{urls: "stun:__ADDR__:__UDP__"},
+  {urls: "turn:__ADDR__:__UDP__?transport=udp", username: "u", credential: "p"},
+  {urls: "turn:__ADDR__:__TCP__?transport=tcp", username: "u", credential: "p"}]});
+pc.createDataChannel("x");
+pc.onicecandidate = e => { if (!e.candidate) document.title = "gathered"; };
+pc.createOffer().then(o => pc.setLocalDescription(o));
+(async () => {
+  const a = new RTCPeerConnection(), b = new RTCPeerConnection();
+  a.createDataChannel("y");
+  await a.setLocalDescription(await a.createOffer());
+  await b.setRemoteDescription(a.localDescription);
+  await b.setLocalDescription(await b.createAnswer());
+  await a.setRemoteDescription(b.localDescription);
+  await a.addIceCandidate({candidate: "candidate:1 1 udp 2122260223 __ADDR__ __UDP__ typ host", sdpMid: "0"});
+  document.body.dataset.peer = "added";
+})().catch(e => document.body.dataset.peer = "error " + e);
+try { new WebTransport("https://__ADDR__:__UDP__/").ready.catch(() => {}); } catch (e) {}
+</script></body></html>"""
+
+
+def webrtc_reaches(udp: socket.socket, tcp: socket.socket, settle: float) -> dict:
+    """Open RTC_PAGE (at 127.0.0.1, the one allowed address) aimed at the listeners on 127.0.0.2; what reached them."""
+    addr, udp_port, tcp_port = "127.0.0.2", udp.getsockname()[1], tcp.getsockname()[1]
+    page = RTC_PAGE.replace("__ADDR__", addr).replace("__UDP__", str(udp_port)).replace("__TCP__", str(tcp_port))
+    fake = FakeSite({"/rtc": lambda seen: html_reply(page.encode())})
+    settings = from_environment({}, command_timeout=30)
+    ctx = context(replace(settings, private_networks=(ipaddress.ip_network("127.0.0.1/32"),)))
+    reached = {"udp": None, "tcp": None}
+    with contextlib.suppress(TimeoutError):
+        while True:  # what an earlier visit sent before its browser was closed
+            udp.recvfrom(2048)
+    try:
+        opened = ok(ctx, "browser_navigate", url=f"{fake.url}/rtc")
+        end = time.monotonic() + settle
+        while time.monotonic() < end and not reached["udp"]:
+            with contextlib.suppress(TimeoutError):
+                reached["udp"] = udp.recvfrom(2048)[1]
+            with contextlib.suppress(TimeoutError):
+                reached["tcp"] = reached["tcp"] or tcp.accept()[1]
+        state = ctx.resources[tools_browser.RESOURCE_KEY].run(
+            lambda live: {"title": live.page.title(), "peer": live.page.evaluate("document.body.dataset.peer")}
+        )
+        blocked = opened.get("blocked_by_url_policy", []) + call(ctx, "browser_snapshot").get(
+            "blocked_by_url_policy", []
+        )
+    finally:
+        ctx.close()
+        fake.close()
+    return {**reached, **state, "refused": [b for b in blocked if addr in b]}
+
+
+@pytest.fixture
+def listeners():
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tcp = socket.socket()
+    for sock in (udp, tcp):
+        sock.bind(("127.0.0.2", 0))
+        sock.settimeout(0.2)
+    tcp.listen()
+    yield udp, tcp
+    udp.close()
+    tcp.close()
+
+
+def test_webrtc_sends_nothing_the_url_policy_did_not_see(listeners, monkeypatch):
+    # Left alone, Chromium's WebRTC sends UDP straight to a refused address: the page reaches the listener.
+    bare = tuple(a for a in browser_session.CHROMIUM_ARGS if not a.startswith("--webrtc-ip-handling-policy"))
+    with monkeypatch.context() as m:
+        m.setattr(browser_session, "CHROMIUM_ARGS", bare)
+        assert webrtc_reaches(*listeners, settle=15)["udp"] is not None, "the page no longer exercises WebRTC"
+    # As the tools launch it: WebRTC sends UDP nowhere, and its TCP goes through the policy's proxy, refused there.
+    got = webrtc_reaches(*listeners, settle=6)
+    assert got["udp"] is None and got["tcp"] is None, got
+    assert got["peer"] == "added" and got["title"] == "gathered", got  # the page did all it could
+    assert got["refused"], got
 
 
 def test_a_redirect_to_a_refused_address_is_blocked_in_the_browser(site, monkeypatch):

@@ -10,9 +10,10 @@ import pytest
 from helpers import gpt_turns, model_settings, run_agent_once, tool_turns
 from scripted_server import ScriptedServer
 
-from agentbatch.prompt_runner import Clients, RunConfig
+from agentbatch.sample_runner import Clients
 from agentbatch.tools.registry import offered_tools
 from agentbatch.tools.settings import ToolSettings
+from agentbatch.work import RunConfig
 from toolset_distributions import ALL_TOOL_NAMES, DISTRIBUTIONS, prompt_rng, sample_toolsets
 from trajectory import STOP_REASONS, reasoning_counts, unknown_tools
 
@@ -182,31 +183,32 @@ def test_datasets_loads_lines_spread_over_many_chunks(lines, tmp_path, monkeypat
 def test_merge_puts_a_tool_using_entry_first_so_any_order_of_batches_loads(lines, tmp_path, monkeypatch):
     # Batch files whose first 16 KiB hold no tool turn at all: loaded as they are, datasets would fix a
     # schema without tool fields from that first chunk and fail on later chunks. The merge prevents it.
-    from agentbatch.run_files import RunFiles
+    from agentbatch.run_dir.files import RunFiles
+    from agentbatch.run_dir.merge import merge
 
     _, records = lines
     ordered = sorted(records, key=lambda r: bool(tool_turns(r)))
     files = RunFiles(str(tmp_path / "run"))
     files.prepare()
     half = len(ordered) // 2
-    _rewrite(ordered[:half], files.batch_path(0))
-    _rewrite(ordered[half:], files.batch_path(1))
-    report = files.merge()
-    assert report.kept == N_LINES
-    merged = [json.loads(line) for line in open(files.path("trajectories.jsonl"), encoding="utf-8")]
+    _rewrite(ordered[:half], files.paths.batch(0))
+    _rewrite(ordered[half:], files.paths.batch(1))
+    report = merge(files)
+    assert report.trajectories == N_LINES
+    merged = [json.loads(line) for line in open(files.paths.path("trajectories.jsonl"), encoding="utf-8")]
     # The leads come from the newest batch first: its first line (showing the outcome fields, as every line
     # does), then its first tool-using line if that first line has no tool call.
     newest = ordered[half:]
     leads = [newest[0]] if tool_turns(newest[0]) else [newest[0], next(x for x in newest if tool_turns(x))]
     assert merged[: len(leads)] == leads
     assert merged[len(leads) :] == [r for r in ordered if all(r is not x for x in leads)]
-    ds = _load(files.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
+    ds = _load(files.paths.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
     assert ds.num_rows == N_LINES
 
 
 def _old_shape(record: dict) -> dict:
-    """A line as runs wrote it before stop_reason, sample_index and the cost in usage existed."""
-    old = {k: v for k, v in record.items() if k not in ("stop_reason", "sample_index")}
+    """A line as runs wrote it before stop_reason, sample_index, identity and the cost in usage existed."""
+    old = {k: v for k, v in record.items() if k not in ("stop_reason", "sample_index", "identity")}
     old["usage"] = {k: v for k, v in record["usage"].items() if k != "cost"}
     return old
 
@@ -214,20 +216,22 @@ def _old_shape(record: dict) -> dict:
 def test_a_resumed_run_mixing_old_and_new_lines_merges_into_one_loadable_file(lines, tmp_path, monkeypatch):
     # The first session wrote old-shaped lines, tool-using ones among them; the resumed one writes every field.
     # Whatever the first block holds, the merge's lead entry must show every field, or chunked loading fails.
-    from agentbatch.run_files import RunFiles
+    from agentbatch.run_dir.files import RunFiles
+    from agentbatch.run_dir.merge import merge
 
     _, records = lines
     files = RunFiles(str(tmp_path / "run"))
     files.prepare()
     half = len(records) // 2
-    _rewrite([_old_shape(r) for r in records[:half]], files.batch_path(0))
-    _rewrite(records[half:], files.batch_path(1))
-    assert files.merge().kept == N_LINES
-    ds = _load(files.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
+    _rewrite([_old_shape(r) for r in records[:half]], files.paths.batch(0))
+    _rewrite(records[half:], files.paths.batch(1))
+    assert merge(files).trajectories == N_LINES
+    ds = _load(files.paths.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
     assert ds.num_rows == N_LINES
     by_index = {row["prompt_index"]: row for row in ds}
     assert by_index[0]["stop_reason"] is None and by_index[0]["usage"].get("cost") is None  # old lines: null
     assert by_index[half]["stop_reason"] == records[half]["stop_reason"]
+    assert by_index[0]["identity"] is None and by_index[half]["identity"] == records[half]["identity"]
     assert by_index[half]["usage"]["cost"] == records[half]["usage"]["cost"]
 
 

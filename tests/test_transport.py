@@ -11,6 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from raw_server import RawServer, ok
 from scripted_server import ScriptedServer
 
 from agentbatch.model import transport
@@ -19,64 +20,9 @@ from agentbatch.model.client import ModelCallError, ModelClient, ModelSettings
 REPLY = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
 
 
-class RawServer:
-    """A TCP server on 127.0.0.1 whose every connection is handled by `handle(sock, reader, index)`."""
-
-    def __init__(self, handle):
-        self.handle = handle
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.connections = 0
-        self.requests: list[bytes] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn, self.connections), daemon=True).start()
-
-    def _serve(self, conn: socket.socket, index: int) -> None:
-        with conn, conn.makefile("rb") as reader:
-            try:
-                self.handle(self, conn, reader, index)
-            except OSError:
-                pass
-
-    def read_request(self, reader) -> bytes | None:
-        """One request (head and body) from the connection; None when the client closed it."""
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            line = reader.readline()
-            if not line:
-                return None
-            head += line
-        length = next(
-            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")),
-            0,
-        )
-        request = head + reader.read(length)
-        self.requests.append(request)
-        return request
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def connection(server: RawServer, timeout: float = 10.0) -> transport.Connection:
     origin = transport.Origin.of(f"http://127.0.0.1:{server.port}/v1")
     return transport.Connection(origin, {"Authorization": "Bearer k-123"}, timeout)
-
-
-def ok(body: bytes, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s" % (
-        extra,
-        len(body),
-        body,
-    )
 
 
 def keep_answering(server, conn, reader, index):
@@ -158,7 +104,7 @@ def test_connection_close_and_http_1_0_replies_are_not_reused():
     [
         ("silence", transport.TransportTimeout),
         ("drop", transport.TransportError),
-        ("garbage", transport.TransportError),
+        ("garbage", transport.BadReply),
         ("short body", transport.TransportError),
     ],
 )
@@ -176,8 +122,8 @@ def test_faults_become_one_line_transport_errors(fault, error):
     server = RawServer(answer)
     with pytest.raises(error) as raised:
         connection(server, timeout=0.5).post("/p", b"{}")
-    expected = "request timed out" if fault == "silence" else "connection failed or dropped"
-    assert str(raised.value) == expected
+    expected = {"silence": "request timed out", "garbage": "not an HTTP/1.1 reply: b'SSH-2.0-OpenSSH\\r\\n'"}
+    assert str(raised.value) == expected.get(fault, "connection failed or dropped")
 
 
 def test_an_unreachable_endpoint_fails_the_call_with_its_reason():

@@ -214,3 +214,27 @@ def test_bad_values_of_the_new_flags_are_one_line_errors(tmp_path, flag):
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"error: --{flag[2:].split('=')[0]}")
+
+
+def test_a_check_that_prints_any_value_gives_a_result_never_an_internal_error(tmp_path):
+    # The agent can often steer a check's last line; a number no float holds must not cost the sample.
+    huge = "printf '9%0400d\\n' 0"  # a 401-digit integer
+    rows = [
+        {"prompt": "huge passes", "verify": huge},
+        {"prompt": "huge fails", "verify": f"{huge}; exit 1"},
+        {"prompt": "huge reward", "verify": "printf '{\"reward\": 9%0400d}\\n' 0"},
+        {"prompt": "near miss", "answer": "391"},
+    ]
+    data = write_dataset(tmp_path / "ds.jsonl", rows)
+    with ScriptedServer(default_script=[answer("Not 391, it is 392.")]) as srv:
+        done = run_cli(args_for(data, tmp_path / "out", "v"), tmp_path, srv)
+    assert_clean_exit(done)
+    run = RunDir(tmp_path / "out" / "v")
+    assert run.failed() == []
+    got = {prompt: (r[0]["reward"], r[0]["passed"]) for prompt, r in by_prompt(run.trajectories()).items()}
+    assert got == {
+        "huge passes": (1.0, True),  # no usable reward: the exit status decides
+        "huge fails": (0.0, False),
+        "huge reward": (1.0, True),
+        "near miss": (0.0, False),
+    }

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
-from agentbatch.prompt_runner import PromptOutcome, PromptTask
+from agentbatch.work import SampleOutcome, SampleTask
 
 # Asked before each prompt is handed out (the run's budget): False keeps the slot empty for now.
 Admit = Callable[[], bool]
@@ -19,8 +19,8 @@ Admit = Callable[[], bool]
 
 class Executor(Protocol):
     def run(
-        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
-    ) -> Iterator[PromptOutcome]:
+        self, tasks: Iterable[SampleTask], stop: threading.Event, admit: Admit | None = None
+    ) -> Iterator[SampleOutcome]:
         """Yield outcomes as prompts finish; after `stop` is set, or while `admit()` is False, none is handed out."""
 
     def close(self) -> None:
@@ -32,12 +32,12 @@ class Slots:
 
     def __init__(self, workers: int, per_worker: int, total: int | None = None):
         self.per_worker = per_worker
-        self.total = total or workers * per_worker  # workers × per_worker may round the sessions asked for up
-        self.held: list[dict[tuple[int, int], PromptTask]] = [{} for _ in range(workers)]
+        self.total = total or workers * per_worker  # workers × per_worker may round the slots asked for up
+        self.held: list[dict[tuple[int, int], SampleTask]] = [{} for _ in range(workers)]
         self.count = 0
 
     def fill(
-        self, pending: Iterator[PromptTask], send: Callable[[int, PromptTask], None], admit: Admit | None = None
+        self, pending: Iterator[SampleTask], send: Callable[[int, SampleTask], None], admit: Admit | None = None
     ) -> bool:
         """Hand tasks to the least-loaded workers until every slot is taken; True once `pending` is exhausted."""
         while self.count < self.total:
@@ -59,7 +59,7 @@ class Slots:
                 self.count -= 1
                 return
 
-    def take(self, worker: int) -> list[PromptTask]:
+    def take(self, worker: int) -> list[SampleTask]:
         """The prompts a dead worker held (its slots are free again)."""
         lost = list(self.held[worker].values())
         self.held[worker].clear()
@@ -71,6 +71,6 @@ class Slots:
         return self.count > 0
 
 
-def lost(task: PromptTask, error: str) -> PromptOutcome:
+def lost(task: SampleTask, error: str) -> SampleOutcome:
     """The outcome of a prompt whose worker died with it."""
-    return PromptOutcome(task.index, task.prompt, task.batch_num, "failed", error=error, sample_index=task.sample_index)
+    return SampleOutcome(task.index, task.prompt, task.batch_num, "failed", error=error, sample_index=task.sample_index)

@@ -1,9 +1,10 @@
-"""How many sessions run where: worker processes × threads for a number of sessions, and the OS limits they need.
+"""Where the samples in flight run: worker processes × slots (threads) for `--concurrency` samples, and the
+OS limits they need.
 
-A session (one prompt in flight) mostly waits on the endpoint, so it is a thread, not a process: a process
-holds up to SESSIONS_PER_PROCESS of them, and there are never more processes than usable cores, however
-many sessions are asked for, since more interpreters would only add start-up time and memory. The limits
-the sessions need (open files, threads, local ports) are raised to their hard ceilings when short, sessions
+A sample in flight mostly waits on the endpoint, so its slot is a thread, not a process: a worker process
+holds up to SLOTS_PER_PROCESS of them, and there are never more processes than usable cores, however
+many samples are asked for at once, since more interpreters would only add start-up time and memory. The
+limits the slots need (open files, threads, local ports) are raised to their hard ceilings when short, slots
 are spread over more processes when one process may not open enough files, and a machine that cannot give
 enough stops the run before it starts, with one line naming the limit.
 """
@@ -16,20 +17,20 @@ from dataclasses import dataclass
 
 from agentbatch.errors import FatalError
 
-# Sessions per process before another process is worth its start-up: at this many, one process's share of
+# Slots per process before another process is worth its start-up: at this many, one process's share of
 # the GIL still keeps up with replies (bench/RESULTS.md, "Where the sessions run").
-SESSIONS_PER_PROCESS = 128
-FILES_PER_SESSION = 4  # its keep-alive connection, a command's pipes, a docker client's socket
+SLOTS_PER_PROCESS = 128
+FILES_PER_SLOT = 4  # its keep-alive connection, a command's pipes, a docker client's socket
 FILES_PER_PROCESS = 64  # the interpreter's own, the pipes to the parent, imported libraries
-THREADS_PER_PROCESS = 8  # beyond the sessions: the main thread, helpers of the libraries
+THREADS_PER_PROCESS = 8  # beyond the slots: the main thread, helpers of the libraries
 MAX_PROCESSES = 256
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Where the sessions run: `processes` × `threads`, at most `sessions` prompts in flight."""
+    """Where the samples run: `processes` × `threads` slots, at most `slots` samples in flight."""
 
-    sessions: int
+    slots: int
     processes: int
     threads: int
 
@@ -41,37 +42,37 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def plan(sessions: int, cores: int | None = None, open_files: int | None = None) -> Plan:
-    """Processes (at most one per core unless the open-file limit asks for more) × threads for `sessions`."""
+def plan(slots: int, cores: int | None = None, open_files: int | None = None) -> Plan:
+    """Processes (at most one per core unless the open-file limit asks for more) × threads for `slots` samples."""
     cores = cores or usable_cores()
-    processes = min(cores, -(-sessions // SESSIONS_PER_PROCESS))
+    processes = min(cores, -(-slots // SLOTS_PER_PROCESS))
     files = open_files if open_files is not None else _hard(resource.RLIMIT_NOFILE)
     if files is not None:
-        per_process = (files - FILES_PER_PROCESS) // FILES_PER_SESSION
-        if per_process < 1 or -(-sessions // per_process) > MAX_PROCESSES:
+        per_process = (files - FILES_PER_PROCESS) // FILES_PER_SLOT
+        if per_process < 1 or -(-slots // per_process) > MAX_PROCESSES:
             raise FatalError(
-                f"{sessions} sessions need about {sessions * FILES_PER_SESSION + FILES_PER_PROCESS} open files, "
+                f"{slots} samples in flight need about {slots * FILES_PER_SLOT + FILES_PER_PROCESS} open files, "
                 f"but a process may open only {files} (ulimit -Hn): raise the limit or lower --concurrency"
             )
-        processes = max(processes, -(-sessions // per_process))
-    processes = max(1, min(processes, sessions))
-    return Plan(sessions, processes, -(-sessions // processes))
+        processes = max(processes, -(-slots // per_process))
+    processes = max(1, min(processes, slots))
+    return Plan(slots, processes, -(-slots // processes))
 
 
 def reserve(p: Plan) -> None:
     """Raise the soft limits the plan needs to their hard ceilings, or stop with the limit that is short."""
-    _raise_soft(resource.RLIMIT_NOFILE, p.threads * FILES_PER_SESSION + FILES_PER_PROCESS)
-    threads = p.sessions + p.processes * THREADS_PER_PROCESS
+    _raise_soft(resource.RLIMIT_NOFILE, p.threads * FILES_PER_SLOT + FILES_PER_PROCESS)
+    threads = p.slots + p.processes * THREADS_PER_PROCESS
     room = thread_room()
     if room is not None and threads > room[0]:
         raise FatalError(
-            f"{p.sessions} sessions need about {threads} threads, but this machine allows {room[0]} more "
+            f"{p.slots} samples in flight need about {threads} threads, but this machine allows {room[0]} more "
             f"({room[1]}): lower --concurrency or raise the limit"
         )
     ports = local_ports()
-    if ports is not None and p.sessions > ports:
+    if ports is not None and p.slots > ports:
         raise FatalError(
-            f"{p.sessions} sessions need one local port each, but only {ports} are free for outgoing "
+            f"{p.slots} samples in flight need one local port each, but only {ports} are free for outgoing "
             "connections (net.ipv4.ip_local_port_range): lower --concurrency or widen the range"
         )
 

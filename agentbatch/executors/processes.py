@@ -24,10 +24,11 @@ import threading
 from collections.abc import Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 
-from agentbatch import plugins, process_guard
+from agentbatch import plugins, process_guard, run_tools
 from agentbatch.executors.base import Admit, Slots, lost
-from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.sample_runner import Clients, run_sample
 from agentbatch.tools.registry import load_tools
+from agentbatch.work import RunConfig, SampleOutcome, SampleTask
 
 _POLL_SECONDS = 0.5
 _STOP = None  # the message that tells a worker's threads to finish
@@ -42,6 +43,7 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
         conn.close()
     _name_process("br-worker")
     plugins.load(cfg.plugins)  # a forked worker has them already; a spawned one imports them here
+    run_tools.install(cfg.tool_set)  # the MCP servers' tools, as the runner listed them at start
     clients = Clients.for_config(cfg)  # one connection per thread, one TLS context for all
     # The imported modules are tens of thousands of objects that live as long as the process; a full
     # collection walks them all and pauses every thread of the worker (bench/RESULTS.md).
@@ -50,8 +52,8 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
     give, count = threading.Lock(), threading.Lock()
     waiting = [0]  # threads between prompts, each about to take one from the inbox
 
-    def run(task: PromptTask) -> bool:
-        outcome = run_prompt(task, cfg, clients)
+    def run(task: SampleTask) -> bool:
+        outcome = run_sample(task, cfg, clients)
         try:
             with give:
                 results.send(outcome)
@@ -59,7 +61,7 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
             return False
         return True
 
-    def slot(task: PromptTask) -> None:
+    def slot(task: SampleTask) -> None:
         while task is not _STOP and run(task):
             with count:
                 waiting[0] += 1
@@ -146,12 +148,12 @@ class _Worker:
 
 
 class LocalExecutor:
-    """`processes` worker processes × `threads` slots on this machine, at most `sessions` prompts at once."""
+    """`processes` worker processes × `threads` slots on this machine, at most `slots` samples at once."""
 
-    def __init__(self, cfg: RunConfig, processes: int, threads: int = 1, sessions: int | None = None):
+    def __init__(self, cfg: RunConfig, processes: int, threads: int = 1, slots: int | None = None):
         self.cfg = cfg
         self.threads = threads
-        self.sessions = sessions or processes * threads
+        self.slots = slots or processes * threads
         self._spawn = mp.get_context("spawn")
         # Forking is safe only while this is the process's one thread (see the module docstring).
         single = threading.active_count() == 1 and sys.platform == "linux"
@@ -163,13 +165,13 @@ class LocalExecutor:
         self.workers: list[_Worker] = []
         for _ in range(processes):
             self.workers.append(_Worker(ctx, cfg, threads, self._parent_ends()))
-        self._running: Iterator[PromptOutcome] | None = None
+        self._running: Iterator[SampleOutcome] | None = None
         self._stopped = False  # told to stop (or killed)
         self._closed = False  # and waited for
 
     def run(
-        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
-    ) -> Iterator[PromptOutcome]:
+        self, tasks: Iterable[SampleTask], stop: threading.Event, admit: Admit | None = None
+    ) -> Iterator[SampleOutcome]:
         self._running = self._outcomes(tasks, stop, admit)
         return self._running
 
@@ -192,10 +194,10 @@ class LocalExecutor:
         return [c for w in self.workers for c in (w.tasks, w.results)]
 
     def _outcomes(
-        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None
-    ) -> Iterator[PromptOutcome]:
+        self, tasks: Iterable[SampleTask], stop: threading.Event, admit: Admit | None
+    ) -> Iterator[SampleOutcome]:
         workers = self.workers
-        slots = Slots(len(workers), self.threads, total=self.sessions)
+        slots = Slots(len(workers), self.threads, total=self.slots)
         pending = iter(tasks)
         exhausted = False
         try:
@@ -224,7 +226,7 @@ class LocalExecutor:
             _stop(workers, slots)
 
 
-def _drain(conn: Connection, timeout: float) -> tuple[list[PromptOutcome], bool]:
+def _drain(conn: Connection, timeout: float) -> tuple[list[SampleOutcome], bool]:
     """The outcomes waiting in a worker's pipe, and whether it reached its end (the worker is gone)."""
     out = []
     try:

@@ -28,9 +28,10 @@ from collections.abc import Iterable, Iterator
 import ray
 from ray.exceptions import RayActorError, RayError
 
-from agentbatch import plugins, process_guard
+from agentbatch import plugins, process_guard, run_tools
 from agentbatch.executors.base import Admit, Slots, lost
-from agentbatch.prompt_runner import Clients, PromptOutcome, PromptTask, RunConfig, run_prompt
+from agentbatch.sample_runner import Clients, run_sample
+from agentbatch.work import RunConfig, SampleOutcome, SampleTask
 
 _POLL_SECONDS = 0.5
 
@@ -43,10 +44,11 @@ class PromptActor:
         process_guard.guard_worker(cfg.secrets, die_with_parent=False)  # Ray, not its parent, ends an actor
         self.cfg = cfg
         plugins.load(cfg.plugins)  # the files a run named must exist on the actor's node too
+        run_tools.install(cfg.tool_set)  # the MCP servers' tools, as the runner listed them at start
         self.clients = Clients.for_config(cfg)
 
-    def run(self, task: PromptTask) -> PromptOutcome:
-        return run_prompt(task, self.cfg, self.clients)
+    def run(self, task: SampleTask) -> SampleOutcome:
+        return run_sample(task, self.cfg, self.clients)
 
     @ray.method(concurrency_group="control")  # answers even while every prompt slot is busy
     def pid(self) -> int:
@@ -62,11 +64,11 @@ class RayExecutor:
         self.num_workers = num_workers
         self.threads = threads_per_worker
         self.actors: list = []  # the live actor of each slot group, for tests that kill one
-        self._running: Iterator[PromptOutcome] | None = None
+        self._running: Iterator[SampleOutcome] | None = None
 
     def run(
-        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None = None
-    ) -> Iterator[PromptOutcome]:
+        self, tasks: Iterable[SampleTask], stop: threading.Event, admit: Admit | None = None
+    ) -> Iterator[SampleOutcome]:
         self._running = self._outcomes(tasks, stop, admit)
         return self._running
 
@@ -75,13 +77,13 @@ class RayExecutor:
             self._running.close()  # its finally kills the actors
 
     def _outcomes(
-        self, tasks: Iterable[PromptTask], stop: threading.Event, admit: Admit | None
-    ) -> Iterator[PromptOutcome]:
+        self, tasks: Iterable[SampleTask], stop: threading.Event, admit: Admit | None
+    ) -> Iterator[SampleOutcome]:
         started = self._connect()
-        refs: dict[ray.ObjectRef, tuple[int, object, PromptTask]] = {}
+        refs: dict[ray.ObjectRef, tuple[int, object, SampleTask]] = {}
         slots = Slots(self.num_workers, self.threads)
 
-        def send(slot: int, task: PromptTask) -> None:
+        def send(slot: int, task: SampleTask) -> None:
             actor = self.actors[slot]
             refs[actor.run.remote(task)] = (slot, actor, task)
 
@@ -128,7 +130,7 @@ class RayExecutor:
     def _actor(self):
         return PromptActor.options(max_concurrency=self.threads, scheduling_strategy="SPREAD").remote(self.cfg)
 
-    def _outcome(self, ref, slot: int, actor, task: PromptTask) -> PromptOutcome:
+    def _outcome(self, ref, slot: int, actor, task: SampleTask) -> SampleOutcome:
         try:
             return ray.get(ref)
         except RayActorError as e:

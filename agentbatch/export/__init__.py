@@ -1,4 +1,4 @@
-"""Exports of a run directory into the formats of trainers and viewers (README, "Export"); see run_export.export."""
+"""Exports of a run directory into the formats of trainers and viewers (docs/export.md); see run_export.export."""
 
 from __future__ import annotations
 

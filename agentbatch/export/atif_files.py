@@ -13,7 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentbatch.export.common import ExportContext, outcome, parsed_tools, split_arguments, turn_logprobs, write_card
+from agentbatch.export.common import (
+    ExportContext,
+    FormatWriter,
+    outcome,
+    parsed_tools,
+    split_arguments,
+    turn_logprobs,
+    write_card,
+)
 from trajectory import split_think_block
 
 SCHEMA_VERSION = "ATIF-v1.8"
@@ -170,12 +178,12 @@ def to_document(record: dict, run_name: str, number: int) -> dict:
     }
 
 
-class Writer:
+class Writer(FormatWriter):
     def __init__(self, out: Path, ctx: ExportContext):
         from atif import Trajectory  # the format's own models check every document before it is written
 
+        super().__init__(out, ctx)
         self.Trajectory = Trajectory
-        self.out, self.ctx = out, ctx
         (out / "trajectories").mkdir()
         self.written = 0
 

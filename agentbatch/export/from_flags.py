@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from agentbatch.export.common import Filters
 from agentbatch.export.run_export import export
-from agentbatch.secrets_guard import looks_secret
 
 
 def filters(f: dict[str, Any]) -> Filters:
@@ -23,14 +21,14 @@ def filters(f: dict[str, Any]) -> Filters:
     )
 
 
-def export_only(f: dict[str, Any]) -> int:
-    """`--run_name=NAME --export=...` without a dataset: export that run as it is now (finished, running or killed)."""
+def export_only(f: dict[str, Any], secrets: tuple[str, ...]) -> int:
+    """`--run_name=NAME --export=...` without a dataset: export that run as it is now (finished, running or killed).
+
+    Lines were redacted when written; `secrets` (this environment's credentials) are taken out again."""
     from agentbatch.errors import FatalError
 
     if f["run_name"] is None:
         raise FatalError("--export needs --run_name: the run to export (data/<run_name>/)")
-    # Batch lines were redacted when written; this also keeps out any credential of this environment.
-    secrets = tuple(v for k, v in os.environ.items() if looks_secret(k)) + ((f["api_key"],) if f["api_key"] else ())
     export(Path(f["output_dir"]) / f["run_name"], f["run_name"], f["export"], filters(f), secrets)
     return 0
 

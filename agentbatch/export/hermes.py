@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from agentbatch.export.common import JsonlWriter, outcome, outcome_text, parsed_tools
+from agentbatch.export.common import JsonlWriter, outcome, outcome_text, parse_text, parsed_tools
 from trajectory import split_think_block
 
 # The Hermes function-calling system prompt, as the original runner writes it (its text is part of the format).
@@ -85,7 +85,7 @@ def gpt_value(turn: dict) -> str:
         for c in turn["tool_calls"]:
             arguments = c.get("arguments")
             try:
-                arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+                arguments = parse_text(arguments) if isinstance(arguments, str) else arguments
             except ValueError:
                 pass  # not JSON: kept as the text the model wrote (the original would write {})
             call = json.dumps({"name": c.get("name"), "arguments": arguments}, ensure_ascii=False)
@@ -98,7 +98,7 @@ def tool_response(turn: dict) -> str:
     content = turn.get("value") or ""
     if content.strip().startswith(("{", "[")):
         try:
-            content = json.loads(content)
+            content = parse_text(content)
         except ValueError:
             pass
     payload = {"tool_call_id": turn.get("tool_call_id") or "", "name": turn.get("name"), "content": content}
@@ -137,6 +137,6 @@ class Writer(JsonlWriter):
     card_text = (
         "# {run_name}: Hermes agent trajectories\n\n"
         "{written} trajectories in `{file}`, in the form the original agent's batch runner writes, "
-        "plus `sample_index` and `extra` (JSON text: `reward`, `passed`, `check` and the gpt turns' `logprobs`). "
+        "plus `sample_index` and `extra` (JSON text: `reward`, `passed`, `check`, `task` and the gpt turns' `logprobs`). "
         "Written by batch-runner's `--export=hermes`.\n"
     )

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agentbatch.export.common import ExportContext, split_arguments, turn_logprobs
+from agentbatch.export.common import ExportContext, FormatWriter, split_arguments, turn_logprobs
 from agentbatch.export.common import outcome as outcome_fields
 from trajectory import result_succeeded, split_think_block
 
@@ -35,7 +35,7 @@ def _utc(timestamp: Any) -> str | None:
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).isoformat()
 
 
-class Writer:
+class Writer(FormatWriter):
     takes_all_outcomes = True  # discarded and failed prompts too
 
     def __init__(self, out: Path, ctx: ExportContext):
@@ -45,8 +45,8 @@ class Writer:
         import inspect_ai.tool as tool
         from inspect_ai._util.error import EvalError
 
+        super().__init__(out, ctx)
         self.log, self.model, self.scorer, self.tool, self.EvalError = log, model, scorer, tool, EvalError
-        self.out, self.ctx = out, ctx
         self.samples: list = []
         self.outcomes: dict[str, int] = {}
         self.ids: set[tuple[str, int]] = set()

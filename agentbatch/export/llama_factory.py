@@ -15,7 +15,14 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from agentbatch.export.common import ExportContext, outcome, outcome_text, parsed_tools, write_card, write_jsonl_line
+from agentbatch.export.common import (
+    ExportContext,
+    JsonlWriter,
+    outcome,
+    outcome_text,
+    parse_text,
+    parsed_tools,
+)
 
 FILE = "data.jsonl"
 USER_SIDE = ("human", "observation")
@@ -44,7 +51,7 @@ def function_call_value(turn: dict) -> str:
     for c in turn.get("tool_calls") or ():
         arguments = c.get("arguments")
         try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+            parsed = parse_text(arguments) if isinstance(arguments, str) else arguments
         except ValueError:
             parsed = arguments  # not JSON: kept as the text the model wrote
         calls.append({"name": c.get("name"), "arguments": parsed})
@@ -96,38 +103,38 @@ def to_line(record: dict) -> tuple[dict | None, str | None]:
     return line, None
 
 
-class Writer:
+class Writer(JsonlWriter):
+    file = FILE
+    features = FEATURES
+
     def __init__(self, out: Path, ctx: ExportContext):
-        self.out, self.ctx = out, ctx
-        self.f = open(out / FILE, "w", encoding="utf-8", errors="backslashreplace")
-        self.written = 0
+        super().__init__(out, ctx)
         self.skipped: Counter = Counter()
 
     def add(self, record: dict, raw: bytes = b"") -> None:
         line, why = to_line(record)
         if line is None:
             self.skipped[why] += 1
-            return
-        write_jsonl_line(self.f, line)
-        self.written += 1
+        else:
+            self.write(line)
+
+    def card(self) -> str:
+        name = self.ctx.run_name
+        return (
+            f"# {name}: LLaMA-Factory sharegpt format\n\n"
+            f"{self.written} trajectories in `{FILE}`, registered as `{name}` by `dataset_info.json` "
+            f"(train with `dataset_dir: {self.ctx.run_dir / 'export' / 'llama_factory'}` and `dataset: {name}`). "
+            "`sample_index` and `extra` (JSON text: `reward`, `passed`, `check`, `task` and the model turns' `logprobs`) "
+            "are ignored by LLaMA-Factory. Written by batch-runner's `--export=llama_factory`.\n"
+        )
 
     def finish(self) -> dict:
-        self.f.close()
-        name = self.ctx.run_name
         entry = {
-            name: {
+            self.ctx.run_name: {
                 "file_name": FILE,
                 "formatting": "sharegpt",
                 "columns": {"messages": "conversations", "system": "system", "tools": "tools"},
             }
         }
         (self.out / "dataset_info.json").write_text(json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
-        body = (
-            f"# {name}: LLaMA-Factory sharegpt format\n\n"
-            f"{self.written} trajectories in `{FILE}`, registered as `{name}` by `dataset_info.json` "
-            f"(train with `dataset_dir: {self.ctx.run_dir / 'export' / 'llama_factory'}` and `dataset: {name}`). "
-            "`sample_index` and `extra` (JSON text: `reward`, `passed`, `check` and the model turns' `logprobs`) "
-            "are ignored by LLaMA-Factory. Written by batch-runner's `--export=llama_factory`.\n"
-        )
-        write_card(self.out / "README.md", FEATURES, FILE, body)
-        return {"written": self.written, "skipped": dict(self.skipped)}
+        return {**super().finish(), "skipped": dict(self.skipped)}

@@ -1,8 +1,8 @@
 """`openai`: one line per trajectory, `messages` in OpenAI chat format and `tools` as function schemas.
 
 What OpenAI fine-tuning and TRL's SFTTrainer (through the model's chat template) take. Beside them, fields
-the trainers ignore: the outcome (`sample_index`, `reward`, `passed`, `check`) and each assistant message's
-`logprobs`. The README.md beside the lines declares the schema, so `datasets.load_dataset(DIR)` loads any mix.
+the trainers ignore: the outcome (`sample_index`, `reward`, `passed`, `check`), the Harbor `task`, and each
+assistant message's `logprobs`. The README.md beside the lines declares the schema, so `datasets.load_dataset(DIR)` loads any mix.
 """
 
 from __future__ import annotations
@@ -53,6 +53,16 @@ FEATURES = """\
     dtype: bool
   - name: check
     dtype: json
+  - name: task
+    struct:
+    - name: name
+      dtype: string
+    - name: difficulty
+      dtype: string
+    - name: category
+      dtype: string
+    - name: tags
+      list: string
 """
 
 
@@ -77,7 +87,7 @@ def to_trajectory(line: dict) -> dict:
     for turn, message in zip(gpt, (m for m in messages if m.get("role") == "assistant"), strict=True):
         if message.get("logprobs") is not None:
             turn["logprobs"] = message["logprobs"]
-    fields = {k: line[k] for k in ("sample_index", "reward", "passed", "check") if k in line}
+    fields = {k: line[k] for k in ("sample_index", "reward", "passed", "check", "task") if k in line}
     return {"conversations": conversations, "tools": json.dumps(line.get("tools") or [], ensure_ascii=False), **fields}
 
 
@@ -88,6 +98,7 @@ class Writer(JsonlWriter):
         "# {run_name}: OpenAI chat format\n\n"
         "{written} trajectories, one per line of `{file}`: `messages` (user, assistant with "
         "`reasoning_content` and `tool_calls`, tool with `tool_call_id`) and `tools` (the function schemas "
-        "offered), then `sample_index`, `reward`, `passed` and `check` (the verified outcome) and, on assistant "
-        "messages, `logprobs`. Written by batch-runner's `--export=openai`.\n"
+        "offered), then `sample_index`, `reward`, `passed` and `check` (the verified outcome), `task` (a Harbor "
+        "task's name, difficulty, category and tags) and, on assistant messages, `logprobs`. Written by "
+        "batch-runner's `--export=openai`.\n"
     )

@@ -13,10 +13,7 @@ import pyarrow.compute as pc
 
 from agentbatch.export.common import Filters
 from agentbatch.export.dataset_card import CardStats
-from agentbatch.export.parquet_rows import TOKENS
-from toolset_distributions import ALL_TOOL_NAMES
-
-_KNOWN = pa.array(ALL_TOOL_NAMES)
+from agentbatch.export.parquet_rows import TOKENS, Layout
 
 
 def _bools(array) -> np.ndarray:
@@ -36,21 +33,21 @@ def assistant_turns(table: pa.Table) -> np.ndarray:
     return _per_row(gpt, pc.list_parent_indices(conv).to_numpy(), len(conv))
 
 
-def unknown_tools(table: pa.Table) -> np.ndarray:
-    """Per row: does it call a tool of no toolset (trajectory.unknown_tools; a call without a name counts)."""
+def unknown_tools(table: pa.Table, run: Layout) -> np.ndarray:
+    """Per row: does it call a tool the run does not have (trajectory.unknown_tools; a call without a name counts)."""
     conv = table.column("conversations").combine_chunks()
     calls = conv.flatten().field("tool_calls")
     names = pc.list_flatten(calls)
     rows = len(conv)
     if not len(names):
         return np.zeros(rows, dtype=bool)
-    unknown = ~_bools(pc.is_in(pc.struct_field(names, "name"), value_set=_KNOWN))
+    unknown = ~_bools(pc.is_in(pc.struct_field(names, "name"), value_set=run.known_array))
     turn_of_call = pc.list_parent_indices(calls).to_numpy()
     row_of_turn = pc.list_parent_indices(conv).to_numpy()
     return _per_row(unknown, row_of_turn[turn_of_call], rows) > 0
 
 
-def rejections(table: pa.Table, filters: Filters) -> list[str | None]:
+def rejections(table: pa.Table, filters: Filters, run: Layout) -> list[str | None]:
     """Per row: the name of the first filter that drops it, or None (Filters.rejects)."""
     rows = table.num_rows
     why: list[str | None] = [None] * rows
@@ -64,7 +61,7 @@ def rejections(table: pa.Table, filters: Filters) -> list[str | None]:
     if filters.no_tool_errors:
         counts = table.column("tool_error_counts").combine_chunks()
         total = np.zeros(rows, dtype=np.int64)
-        for name in ALL_TOOL_NAMES:
+        for name in run.names:
             total += pc.fill_null(pc.struct_field(counts, name), 0).to_numpy(zero_copy_only=False)
         steps.append(("tool_errors", total != 0))
     if filters.min_turns:
@@ -86,7 +83,7 @@ def rejections(table: pa.Table, filters: Filters) -> list[str | None]:
     return why
 
 
-def add_stats(stats: CardStats, table: pa.Table, turns: np.ndarray) -> None:
+def add_stats(stats: CardStats, table: pa.Table, turns: np.ndarray, run: Layout) -> None:
     """Add these rows (and their assistant_turns) to the card's figures, as CardStats.add would one by one."""
     rows = table.num_rows
     if not rows:
@@ -98,10 +95,10 @@ def add_stats(stats: CardStats, table: pa.Table, turns: np.ndarray) -> None:
         stats.stop_reasons[str(reason)] += 1
     for model in pc.struct_field(table.column("metadata"), "model").to_pylist():
         stats.models[str(model)] += 1
-    # A tool enters the counter at the first row that called it, in the registry's order within a row.
+    # A tool enters the counter at the first row that called it, in the run's order within a row.
     tool_stats = table.column("tool_stats").combine_chunks()
     first: list[tuple[int, int, str, int]] = []
-    for order, name in enumerate(ALL_TOOL_NAMES):
+    for order, name in enumerate(run.names):
         count = pc.fill_null(pc.struct_field(tool_stats, [order, 0]), 0).to_numpy(zero_copy_only=False)
         called = np.flatnonzero(count)
         if len(called):

@@ -18,18 +18,14 @@ import pyarrow.compute as pc
 import pyarrow.json as paj
 
 from agentbatch.export.common import parse_json
-from agentbatch.export.parquet_rows import COLUMNS, JSON_SCHEMA, TURN_KEYS, USAGE_KEYS
-from toolset_distributions import ALL_TOOL_NAMES
+from agentbatch.export.parquet_rows import COLUMNS, TURN_KEYS, USAGE_KEYS, Layout
 
 try:
     import msgspec
 except ImportError:  # the scan then vouches for no line: every line is parsed in Python, as fast as before it
     msgspec = None
 
-_PARSE = paj.ParseOptions(explicit_schema=JSON_SCHEMA, unexpected_field_behavior="ignore")
 _KNOWN = COLUMNS | {"conversations"}
-_TOOLS = frozenset(ALL_TOOL_NAMES)
-_ORDER = {name: i for i, name in enumerate(ALL_TOOL_NAMES)}
 
 
 @dataclass
@@ -42,31 +38,32 @@ class Block:
     row: list[int] = field(default_factory=list)
 
 
-def read_block(lines: list[bytes], sizes: list[int]) -> Block:
+def read_block(lines: list[bytes], sizes: list[int], run: Layout) -> Block:
     """Type every line Arrow's reader can: the whole block at once, halves of it around lines it cannot."""
     block = Block(lines, sizes, row=[-1] * len(lines))
     tables: list[pa.Table] = []
-    _read(block, 0, len(lines), tables)
+    parse = paj.ParseOptions(explicit_schema=run.json_schema, unexpected_field_behavior="ignore")
+    _read(block, 0, len(lines), tables, parse)
     if tables:
         block.table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
     return block
 
 
-def _read(block: Block, lo: int, hi: int, tables: list[pa.Table]) -> None:
+def _read(block: Block, lo: int, hi: int, tables: list[pa.Table], parse: paj.ParseOptions) -> None:
     data = b"".join(block.lines[lo:hi])
     table = None
     # Arrow's reader keeps bytes that are not UTF-8 as they are, where Python's JSON parser refuses the line.
     if data.isascii() or _utf8(data):
         try:
             # One block per call: half the CPU of letting the reader cut it into several (measured).
-            table = paj.read_json(io.BytesIO(data), paj.ReadOptions(block_size=len(data) + 1), _PARSE)
+            table = paj.read_json(io.BytesIO(data), paj.ReadOptions(block_size=len(data) + 1), parse)
         except pa.ArrowInvalid:
             pass
     if table is None or table.num_rows != hi - lo:  # a line Arrow cannot type (or two objects on one line)
         if hi - lo > 1:
             mid = (lo + hi) // 2
-            _read(block, lo, mid, tables)
-            _read(block, mid, hi, tables)
+            _read(block, lo, mid, tables, parse)
+            _read(block, mid, hi, tables, parse)
         return
     conv = table.column("conversations").combine_chunks()
     bad = conv.is_null().to_numpy(zero_copy_only=False)
@@ -131,6 +128,7 @@ if msgspec is not None:
         prompt_index: _Raw = _Raw()
         sample_index: _Raw = _Raw()
         metadata: _Raw = _Raw()
+        task: _Raw = _Raw()
         completed: _Raw = _Raw()
         partial: _Raw = _Raw()
         stop_reason: _Raw = _Raw()
@@ -139,29 +137,38 @@ if msgspec is not None:
         tools: _Raw = _Raw()
         reward: _Raw = _Raw()
         passed: _Raw = _Raw()
-        check: _Raw = _Raw()  # beyond the schema's, on every line of a current run: its only extra field
+        # Beyond the schema's, on every line of a current run: its only extra fields, in this order.
+        identity: _Raw = _Raw()
+        check: _Raw = _Raw()
+        duration_seconds: _Raw = _Raw()
 
     _LINE = msgspec.json.Decoder(_Line)
     _OBJECT = msgspec.json.Decoder(dict[str, _Raw] | None)
     _TURNS = msgspec.json.Decoder(list[dict[str, _Raw]])
 
 
-def scan(line: bytes) -> Scan:
+def scan(line: bytes, run: Layout) -> Scan:
     """The extra fields of a line Arrow typed, found by listing its keys (values stay raw JSON unless extra)."""
     if msgspec is None:
         return _PYTHON
     try:
         known = _LINE.decode(line)
     except msgspec.ValidationError:  # a field beyond the schema's somewhere (Arrow typed the rest)
-        return _scan_keys(line)
+        return _scan_keys(line, run)
     except msgspec.DecodeError:
         return _PYTHON
-    if known.tool_stats and not _in_registry_order(known.tool_stats):
+    if known.tool_stats and not _in_run_order(known.tool_stats, run):
         return _PYTHON  # the card's tool-call counts follow a line's own key order and count every key
-    if known.tool_error_counts and not known.tool_error_counts.keys() <= _TOOLS:
+    if known.tool_error_counts and not known.tool_error_counts.keys() <= run.known:
         return _PYTHON  # --export_no_tool_errors sums every key
     try:
         extra = _extra_text("check", known.check)
+        if known.duration_seconds:  # a different number on every line: not kept, put after the check's
+            duration = f'"duration_seconds": {json.dumps(_value(known.duration_seconds))}'
+            extra = f"{extra[:-1]}, {duration}}}" if extra else f"{{{duration}}}"
+        if known.identity:  # a different text on every line: not kept, put before the check's
+            identity = f'"identity": {json.dumps(_value(known.identity), ensure_ascii=False)}'
+            extra = f"{{{identity}, {extra[1:]}" if extra else f"{{{identity}}}"
         turns = [_extra_text("logprobs", t.logprobs) for t in known.conversations]
     except ValueError:
         return _PYTHON
@@ -186,7 +193,7 @@ def _extra_text(key: str, raw) -> str | None:
     return text
 
 
-def _scan_keys(line: bytes) -> Scan:
+def _scan_keys(line: bytes, run: Layout) -> Scan:
     try:
         top = _OBJECT.decode(line)
         turns = _TURNS.decode(top["conversations"])
@@ -195,9 +202,9 @@ def _scan_keys(line: bytes) -> Scan:
         errors = _OBJECT.decode(top["tool_error_counts"]) if "tool_error_counts" in top else None
     except (msgspec.DecodeError, KeyError, TypeError):
         return _PYTHON
-    if stats and not _in_registry_order(stats):
+    if stats and not _in_run_order(stats, run):
         return _PYTHON
-    if errors and not errors.keys() <= _TOOLS:
+    if errors and not errors.keys() <= run.known:
         return _PYTHON
     if usage and "cost" not in usage and "cost_usd" in usage:
         return _PYTHON  # the card's cost falls back to cost_usd
@@ -214,10 +221,10 @@ def _scan_keys(line: bytes) -> Scan:
     return out
 
 
-def _in_registry_order(keys: dict) -> bool:
-    if len(keys) == len(ALL_TOOL_NAMES) and tuple(keys) == ALL_TOOL_NAMES:
+def _in_run_order(keys: dict, run: Layout) -> bool:
+    if len(keys) == len(run.names) and tuple(keys) == run.names:
         return True
-    order = [_ORDER.get(k, -1) for k in keys]
+    order = [run.order.get(k, -1) for k in keys]
     return -1 not in order and order == sorted(order)
 
 

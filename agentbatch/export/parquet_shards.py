@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agentbatch.export import parquet_columns as columns
-from agentbatch.export.common import ExportContext, Filters, SourceCounts, parse_line, write_card
+from agentbatch.export.common import ExportContext, Filters, FormatWriter, SourceCounts, parse_line, write_card
 from agentbatch.export.dataset_card import CardStats, card_body
 from agentbatch.export.parquet_lines import Block, read_block, scan
-from agentbatch.export.parquet_rows import SCHEMA, line_extra, python_rows, turn_extras, typed_rows
+from agentbatch.export.parquet_rows import layout, line_extra, python_rows, turn_extras, typed_rows
 from trajectory import unknown_tools
 
 SHARD_BYTES = 256 * 1024 * 1024  # the Hub's viewer and most readers are happiest with shards of a few hundred MB
@@ -45,11 +45,13 @@ class _Part:
     records: list[dict | None] = field(default_factory=list)  # parsed already, or None
 
 
-class Writer:
+class Writer(FormatWriter):
+    reads_lines = True
     BLOCK_BYTES = BATCH_SOURCE_BYTES  # lines read per block: with no filter, a block is a row group
 
     def __init__(self, out: Path, ctx: ExportContext):
-        self.out, self.ctx = out, ctx
+        super().__init__(out, ctx)
+        self.layout = layout(tuple(ctx.tool_names))  # the run's tools: the built-ins and its own
         (out / "data").mkdir()
         self.stats = CardStats()
         self.parts: list[_Part] = []  # the row group being filled
@@ -73,7 +75,7 @@ class Writer:
 
     def _add_buffer(self) -> None:
         if self.buffer:
-            self._add_block(read_block(self.buffer, self.sizes), Filters(), SourceCounts())
+            self._add_block(read_block(self.buffer, self.sizes, self.layout), Filters(), SourceCounts())
             self.buffer, self.sizes, self.buffered = [], [], 0
 
     def add_lines(self, blocks: Iterator[tuple[list[bytes], list[int]]], filters: Filters, counts: SourceCounts) -> int:
@@ -86,7 +88,7 @@ class Writer:
 
         def read_next() -> Block | None:
             item = next(blocks, None)
-            return None if item is None else read_block(*item)
+            return None if item is None else read_block(*item, self.layout)
 
         kept = 0
         with ThreadPoolExecutor(1, thread_name_prefix="parquet-read") as pool:
@@ -98,13 +100,13 @@ class Writer:
 
     def _add_block(self, block: Block, filters: Filters, counts: SourceCounts) -> int:
         lines, table = block.lines, block.table
-        scans = [scan(lines[i]) if r >= 0 else None for i, r in enumerate(block.row)]
+        scans = [scan(lines[i], self.layout) if r >= 0 else None for i, r in enumerate(block.row)]
         python = [s is None or s.python for s in scans]
         if sum(python) > PYTHON_LINES_PER_BLOCK:
             python = [True] * len(lines)
         if table is not None:
-            unknown = columns.unknown_tools(table).tolist()
-            why = columns.rejections(table, filters)
+            unknown = columns.unknown_tools(table, self.layout).tolist()
+            why = columns.rejections(table, filters, self.layout)
             turns = columns.assistant_turns(table)
             stats_table = table.select(_STATS_COLUMNS)
         run: list[int] = []  # rows of table whose statistics are added together, in order
@@ -116,7 +118,7 @@ class Writer:
                 if record is None:
                     counts.not_json += 1
                     continue
-                if unknown_tools(record.get("conversations") or []):
+                if unknown_tools(record.get("conversations") or [], self.layout.known):
                     counts.unknown_tool += 1
                     continue
                 counts.trajectories += 1
@@ -145,7 +147,9 @@ class Writer:
 
     def _add_stats(self, table: pa.Table, turns, rows: list[int]) -> None:
         whole = len(rows) == table.num_rows  # rows are increasing: all of them, in order
-        columns.add_stats(self.stats, table if whole else table.take(rows), turns if whole else turns[rows])
+        columns.add_stats(
+            self.stats, table if whole else table.take(rows), turns if whole else turns[rows], self.layout
+        )
 
     def _keep(self, block: Block, i: int, row: int, record: dict | None, found) -> None:
         if not self.parts or self.parts[-1].block is not block:
@@ -169,7 +173,7 @@ class Writer:
     def _table(self) -> pa.Table:
         if not self.untyped:
             try:
-                tables = [typed_rows(_rows(p), p.extras, p.turn_extras) for p in self.parts]
+                tables = [typed_rows(_rows(p), p.extras, p.turn_extras, self.layout) for p in self.parts]
                 return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
             except (pa.ArrowException, ValueError):  # e.g. text Arrow cannot hold: row by row, as for untyped lines
                 pass
@@ -179,7 +183,7 @@ class Writer:
             for p in self.parts
             for r, line in zip(p.records, p.lines, strict=True)
         ]
-        return python_rows(records)
+        return python_rows(records, self.layout)
 
     def _flush(self) -> None:
         if not self.parts:
@@ -189,7 +193,7 @@ class Writer:
         if self.writer is None:
             path = self.out / "data" / f"shard-{len(self.shards):05d}.parquet"
             self.shards.append(path)
-            self.writer = pq.ParquetWriter(path, SCHEMA, compression="zstd")
+            self.writer = pq.ParquetWriter(path, self.layout.schema, compression="zstd")
         self.writer.write_table(table)
         if os.path.getsize(self.shards[-1]) >= SHARD_BYTES:
             self.writer.close()
@@ -201,12 +205,12 @@ class Writer:
         if self.writer is not None:
             self.writer.close()
         if not self.shards:  # no trajectory passed the filters: one empty shard still carries the schema
-            pq.write_table(SCHEMA.empty_table(), self.out / "data" / "shard-00000.parquet")
+            pq.write_table(self.layout.schema.empty_table(), self.out / "data" / "shard-00000.parquet")
             self.shards.append(self.out / "data" / "shard-00000.parquet")
         n = len(self.shards)
         for i, path in enumerate(self.shards):
             path.rename(path.with_name(f"train-{i:05d}-of-{n:05d}.parquet"))
-        body = card_body(self.ctx, self.stats, SCHEMA, n)
+        body = card_body(self.ctx, self.stats, self.layout.schema, n)
         write_card(self.out / "README.md", "", "data/train-*", body)
         return {"written": self.stats.rows, "shards": n, "row_by_row_batches": self.slow_batches}
 

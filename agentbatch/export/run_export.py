@@ -6,64 +6,90 @@ import importlib
 import json
 import sys
 from contextlib import ExitStack
-from datetime import UTC, datetime
 from pathlib import Path
 
 from agentbatch.errors import FatalError
 from agentbatch.export import FORMATS
-from agentbatch.export.common import ExportContext, Filters, RunSource, atomic_dir, write_json_atomic
-
-REPORT = "report.json"
+from agentbatch.export.common import ExportContext, Filters, RunSource
+from agentbatch.run_dir import atomic
+from agentbatch.run_dir.files import read_json
+from agentbatch.run_dir.lock import export_lock
+from agentbatch.run_dir.paths import CHECKPOINT, EXPORT_REPORT, STATISTICS
+from agentbatch.work import now_iso
 
 
 def export(
     run_dir: str | Path, run_name: str, formats: tuple[str, ...], filters: Filters, secrets: tuple[str, ...] = ()
 ) -> dict:
-    """Write data/<run>/export/<format>/ for each format (replacing an earlier export) and export/report.json."""
-    run_dir = Path(run_dir)
+    """Write data/<run>/export/<format>/ for each format (replacing an earlier export) and export/report.json.
+
+    One export of a run at a time: a second one waits for the first (run_dir/lock.py), so neither removes the
+    other's folder in the making nor loses the other's entry of report.json.
+    """
     source = RunSource(run_dir, secrets)
     if not source.exists():
         raise FatalError(f"nothing to export: {run_dir} holds no run (check --run_name and --output_dir)")
-    ctx = ExportContext(
-        run_name, run_dir, source.read_json("checkpoint.json"), source.read_json("statistics.json"), filters
-    )
-    export_dir = run_dir / "export"
-    kept = 0
     try:
-        with ExitStack() as stack:
-            writers = {}
-            for fmt in formats:
-                tmp = stack.enter_context(atomic_dir(export_dir / fmt))
-                module = importlib.import_module(f"agentbatch.export.{FORMATS[fmt][0]}")
-                writers[fmt] = module.Writer(tmp, ctx)
-            (only,) = writers.values() if len(writers) == 1 else (None,)
-            if hasattr(only, "add_lines"):  # a format that reads the lines itself, faster than parsing each here
-                kept = only.add_lines(source.line_blocks(only.BLOCK_BYTES), filters, source.counts)
-            else:
-                for record, raw in source.trajectories():
-                    why = filters.rejects(record)
-                    if why:
-                        source.counts.filtered[why] += 1
-                        continue
-                    kept += 1
-                    for w in writers.values():
-                        w.add(record, raw)
-            viewers = [w for w in writers.values() if getattr(w, "takes_all_outcomes", False)]
-            if viewers:
-                for line in source.discarded():
-                    for w in viewers:
-                        w.add_discarded(line)
-                for line in source.unanswered_failures():
-                    for w in viewers:
-                        w.add_failed(line)
-            results = {fmt: w.finish() for fmt, w in writers.items()}
+        with export_lock(source.paths):
+            report = _export(source, run_name, formats, filters)
     except OSError as e:
         raise FatalError(
-            f"cannot write the export to {export_dir}: {e.strerror or e}; the run's files are unchanged"
+            f"cannot write the export to {source.paths.export()}: {e.strerror or e}; the run's files are unchanged"
         ) from None
+    for fmt in formats:
+        print(_summary(fmt, report[fmt]), file=sys.stderr)
+    return report
+
+
+def _export(source: RunSource, run_name: str, formats: tuple[str, ...], filters: Filters) -> dict:
+    """Read the records once, feed every format, swap each folder in, then record the export in report.json."""
+    unknown = [ts for ts in filters.toolsets if ts not in source.tool_set.toolsets]
+    if unknown:
+        raise FatalError(
+            f"--export_toolsets: this run has no toolset {unknown[0]!r}; its toolsets: "
+            f"{', '.join(source.tool_set.toolsets)}"
+        )
+    ctx = ExportContext(
+        run_name,
+        source.dir,
+        source.read_json(CHECKPOINT),
+        source.read_json(STATISTICS),
+        filters,
+        source.tool_names,
+    )
+    export_dir = Path(source.paths.export())
+    kept = 0
+    with ExitStack() as stack:
+        writers = {}
+        for fmt in formats:
+            tmp = stack.enter_context(atomic.replacing_dir(export_dir / fmt))
+            module = importlib.import_module(f"agentbatch.export.{FORMATS[fmt][0]}")
+            writers[fmt] = module.Writer(tmp, ctx)
+        (only,) = writers.values() if len(writers) == 1 else (None,)
+        if only is not None and only.reads_lines:  # it reads the lines itself, faster than parsing each here
+            kept = only.add_lines(source.line_blocks(only.BLOCK_BYTES), filters, source.counts)
+        else:
+            for record, raw in source.trajectories():
+                why = filters.rejects(record)
+                if why:
+                    source.counts.filtered[why] += 1
+                    continue
+                kept += 1
+                for w in writers.values():
+                    w.add(record, raw)
+        viewers = [w for w in writers.values() if w.takes_all_outcomes]
+        if viewers:
+            for line in source.discarded():
+                for w in viewers:
+                    w.add_discarded(line)
+            for line in source.unanswered_failures():
+                for w in viewers:
+                    w.add_failed(line)
+        results = {fmt: w.finish() for fmt, w in writers.items()}
     c = source.counts
-    when = datetime.now(UTC).replace(tzinfo=None).isoformat(timespec="seconds")
-    report = _read_report(export_dir)
+    when = now_iso()
+    report_path = export_dir / EXPORT_REPORT
+    report = read_json(str(report_path)) or {}
     for fmt, result in results.items():
         report[fmt] = {
             "exported_at": when,
@@ -80,18 +106,8 @@ def export(
             "kept": kept,
             **result,
         }
-    write_json_atomic(export_dir / REPORT, report)
-    for fmt in formats:
-        print(_summary(fmt, report[fmt]), file=sys.stderr)
+    atomic.write_text(report_path, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
-
-
-def _read_report(export_dir: Path) -> dict:
-    try:
-        doc = json.loads((export_dir / REPORT).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def _summary(fmt: str, r: dict) -> str:

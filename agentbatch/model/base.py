@@ -57,5 +57,5 @@ class Model(Protocol):
         time limit, past which the call raises DeadlineReached. Raises ModelCallError when it fails for good.
         """
 
-    def generate_image(self, request: dict) -> Reply:
-        """One images/generations call (OpenAI's images API): a reply with `data`."""
+    def generate_image(self, request: dict, deadline: float | None = None) -> Reply:
+        """One images/generations call (OpenAI's images API): a reply with `data`; `deadline` as for chat."""

@@ -133,9 +133,9 @@ class ModelClient:
         body.update(s.extra_body(main=model is None or model == s.model))
         return self._call("/chat/completions", body, "choices", tools, _check_chat, deadline)
 
-    def generate_image(self, request: dict) -> Reply:
-        """One images/generations call (OpenAI's images API)."""
-        return self._call("/images/generations", request, "data")
+    def generate_image(self, request: dict, deadline: float | None = None) -> Reply:
+        """One images/generations call (OpenAI's images API), cut at `deadline` as `chat`'s is."""
+        return self._call("/images/generations", request, "data", deadline=deadline)
 
     def _call(
         self,

@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from agentbatch.model import numbers
 from agentbatch.model.pacing_peers import Peers
 
 # Calls in flight over all processes before the endpoint has answered anything, doubled every PROBE_DOUBLING
@@ -411,7 +412,8 @@ def _probe_wait(in_flight: int, waiting: int, elapsed: float, share: float) -> f
     of hundreds of waiting threads wakes about once instead of all of them at every widening.
     """
     base = PROBE_WINDOW * share
-    if in_flight < max(1.0, base * 2 ** (elapsed / PROBE_DOUBLING)):
+    # Capped: an endpoint whose first answer takes over 25 s would make 2 ** (elapsed / 0.025) overflow a float.
+    if in_flight < max(1.0, base * 2 ** min(elapsed / PROBE_DOUBLING, 64)):
         return None
     # The window holds n calls once base * 2 ** (t / PROBE_DOUBLING) reaches n.
     return max(0.001, PROBE_DOUBLING * math.log2((in_flight + waiting + 1) / base) - elapsed)
@@ -452,21 +454,25 @@ def _seconds(value: str | None) -> float | None:
 
 
 def retry_after(headers: Mapping[str, str] | None) -> float | None:
-    """Seconds the server asked us to wait: retry-after-ms, or Retry-After as seconds or an HTTP date."""
+    """Seconds the server asked us to wait: retry-after-ms, or Retry-After as seconds or an HTTP date.
+
+    Finite, 0 to numbers.MAX_WAIT_SECONDS; None when there is none or it is not a number ("nan", "²").
+    """
     if not headers:
         return None
-    try:
-        if headers.get("retry-after-ms") is not None:
-            return max(float(headers["retry-after-ms"]) / 1000, 0.0)
-        value = headers.get("retry-after")
-        if value is None:
-            return None
-        try:
-            return max(float(value), 0.0)
-        except ValueError:
-            import email.utils  # an HTTP date: rare, and ~7 ms of start-up to import
+    if headers.get("retry-after-ms") is not None:
+        return numbers.seconds(headers["retry-after-ms"], unit=0.001)
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    wait = numbers.seconds(value)
+    if wait is not None or not isinstance(value, str):
+        return wait
+    import email.utils  # an HTTP date: rare, and ~7 ms of start-up to import
 
-            when = email.utils.parsedate_to_datetime(value)
-            return max((when - datetime.now(when.tzinfo or UTC)).total_seconds(), 0.0)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+        left = (when - datetime.now(when.tzinfo or UTC)).total_seconds()
     except (TypeError, ValueError, OverflowError):
         return None
+    return min(max(left, 0.0), numbers.MAX_WAIT_SECONDS)

@@ -48,7 +48,7 @@ class ScriptedModel:
             spec = spec(messages)
         return completion(spec)
 
-    def generate_image(self, request: dict) -> Reply:
+    def generate_image(self, request: dict, deadline: float | None = None) -> Reply:
         raise ModelCallError("a scripted model makes no images")
 
 

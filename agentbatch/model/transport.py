@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import select
 import socket
 import time
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 _MAX_LINE = 65536
 _MAX_HEADERS = 200
+_MAX_HEAD = 256 * 1024  # the reply's header (or trailer) lines together: 128 slots each hold one at most
 
 
 class TransportError(Exception):
@@ -42,7 +44,8 @@ class TransportTimeout(TransportError):
 
 
 class BadReply(TransportError):
-    """The reply arrived but cannot be used: over the size cap, or a body its Content-Encoding cannot decode."""
+    """The reply cannot be used: not HTTP/1.1's framing, over the size cap, or a body its Content-Encoding cannot
+    decode."""
 
 
 @dataclass
@@ -148,7 +151,7 @@ class Connection:
             # Head and body in one send: two would cost a second trip through the loopback stack, and with
             # Nagle's algorithm at the server a delayed ACK.
             self._sock.sendall(head + body)
-            response, keep = self._read_response(max_bytes)
+            response, keep = read_response(self._reader, max_bytes)
         except TimeoutError as e:
             self.close()
             raise TransportTimeout("request timed out") from e
@@ -203,63 +206,159 @@ class Connection:
         poller.register(self._sock, select.POLLIN | select.POLLERR | select.POLLHUP)
         return bool(poller.poll(0))
 
-    def _read_response(self, max_bytes: int | None) -> tuple[Response, bool]:
-        reader = self._reader
-        while True:
-            version, status = _status_line(reader.readline(_MAX_LINE + 1))
-            headers = _headers(reader)
-            if status >= 200 or status == 101:
-                break  # 1xx replies (100 Continue) come before the real one
-        te = headers.get("transfer-encoding", "").lower()
-        conn = headers.get("connection", "").lower()
-        keep = "close" not in conn and (version == "HTTP/1.1" or "keep-alive" in conn)
-        cap = max_bytes if max_bytes is not None else -1
-        if "chunked" in te:
-            body = _chunked(reader, cap)
-        elif "content-length" in headers:
-            length = int(headers["content-length"])
-            if length < 0:
-                raise ValueError("negative Content-Length")
-            if 0 <= cap < length:
-                raise BadReply(f"{length} bytes, over the {cap}-byte reply limit")
-            body = reader.read(length)
-            if len(body) < length:
-                raise ConnectionError("reply cut short")
-        else:  # no length: the body runs until the server closes the connection
-            body, keep = (reader.read() if cap < 0 else reader.read(cap + 1)), False
-            _check_size(body, cap)
-        encoding = headers.get("content-encoding", "").lower()
-        if encoding in ("gzip", "x-gzip", "deflate"):
-            body = _decompress(body, encoding, cap)
-        return Response(status, headers, body), keep
+
+def read_response(reader, max_bytes: int | None) -> tuple[Response, bool]:
+    """One reply from a buffered reader, its body over `max_bytes` (before or after decompression) refused as it
+    arrives; True when the connection may carry the next request.
+
+    BadReply when the reply breaks HTTP/1.1's framing; ConnectionError when the connection ends inside it.
+    """
+    for _ in range(_MAX_INTERIM + 1):
+        version, status = _status_line(reader.readline(_MAX_LINE + 1))
+        headers = _headers(reader)
+        if status >= 200 or status == 101:
+            break  # 1xx replies (100 Continue) come before the real one
+    else:
+        raise BadReply(f"over {_MAX_INTERIM} interim (1xx) replies")
+    conn = headers.get("connection", "").lower()
+    keep = "close" not in conn and (version == "HTTP/1.1" or "keep-alive" in conn)
+    cap = max_bytes if max_bytes is not None else -1
+    body, framed = _body(reader, status, headers, cap)
+    encoding = headers.get("content-encoding", "").lower()
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        body = _decompress(body, encoding, cap)
+    return Response(status, headers, body), keep and framed
+
+
+# The reply's framing, as RFC 9112 writes it: anything else is BadReply, never a guess. int() would take "-1",
+# "+5", " 5", "1_0", "0x1f" and digits of other scripts: a chunk size of -1 once read the body to its end.
+_STATUS = re.compile(rb"(HTTP/1\.[01]) ([0-9]{3})(?: [^\x00\x0b\x0c\r\n]*)?\r?\n")
+_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):([^\r\n]*)\r?\n")
+_CONTROL = re.compile(rb"[\x00\x0b\x0c\r\n]")  # not in a field's value (as h11 reads it: servers send the rest)
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})(?:;[^\r\n]*)?[ \t]*\r\n")
+_LENGTH = re.compile(r"[0-9]+", re.ASCII)
+_MAX_INTERIM = 10  # 100 Continue and the like before the reply
+_BLOCK = 1 << 20  # a body is read in blocks: its size allocates nothing before its bytes arrive
 
 
 def _status_line(line: bytes) -> tuple[str, int]:
     if not line:
         raise ConnectionError("server closed the connection without a reply")
-    if len(line) > _MAX_LINE:
-        raise ValueError("status line too long")
-    parts = line.decode("latin-1").split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise ValueError(f"not an HTTP reply: {line[:80]!r}")
-    return parts[0], int(parts[1])
+    found = _STATUS.fullmatch(line)
+    if found is None:
+        _check_whole(line)
+        raise BadReply(f"not an HTTP/1.1 reply: {line[:80]!r}")
+    return found.group(1).decode(), int(found.group(2))
+
+
+def _check_whole(line: bytes) -> None:
+    """A line that ended without its newline, and is not too long for one, was cut by the connection's end."""
+    if not line.endswith(b"\n") and len(line) <= _MAX_LINE:
+        raise ConnectionError("connection closed in the reply")
 
 
 def _headers(reader) -> dict[str, str]:
+    """The header lines up to the blank line (names lower-cased, repeated ones joined by commas), in at most
+    _MAX_HEAD bytes."""
     headers: dict[str, str] = {}
+    name = ""
+    size = 0
     for _ in range(_MAX_HEADERS):
         line = reader.readline(_MAX_LINE + 1)
         if line in (b"\r\n", b"\n"):
             return headers
         if not line:
             raise ConnectionError("connection closed in the reply's headers")
-        if len(line) > _MAX_LINE:
-            raise ValueError("header line too long")
-        name, sep, value = line.decode("latin-1").partition(":")
-        if not sep:
-            raise ValueError(f"bad header line: {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
-    raise ValueError("too many headers")
+        size += len(line)
+        if len(line) > _MAX_LINE or size > _MAX_HEAD:
+            raise BadReply("the reply's headers are too long")
+        if line[0] in b" \t" and name:  # obs-fold: the line continues the field before it
+            value = line
+        else:
+            field = _FIELD.fullmatch(line)
+            if field is None:
+                raise BadReply(f"bad header line: {line[:80]!r}")
+            name, value = field.group(1).decode("ascii").lower(), field.group(2)
+            if name in headers:
+                headers[name] += ","  # a repeated field is one, its values joined by commas
+        if _CONTROL.search(value.rstrip(b"\r\n")):
+            raise BadReply(f"bad header line: {line[:80]!r}")
+        value = value.decode("latin-1").strip(" \t\r\n")
+        headers[name] = f"{headers[name]} {value}".strip() if name in headers else value
+    raise BadReply(f"over {_MAX_HEADERS} header lines")
+
+
+def _body(reader, status: int, headers: dict[str, str], cap: int) -> tuple[bytes, bool]:
+    """The body as the headers frame it, at most `cap` bytes (< 0: no cap); False: it ran to the connection's end."""
+    coding = headers.get("transfer-encoding")
+    if coding is not None and coding.strip().lower() != "chunked":  # a transfer coding nothing here would undo
+        raise BadReply(f"unsupported Transfer-Encoding {coding[:40]!r}")
+    declared = headers.get("content-length")
+    if declared is not None and not _LENGTH.fullmatch(declared):
+        raise BadReply(f"bad Content-Length {declared[:40]!r}")
+    if status in (101, 204, 304):
+        return b"", status != 101
+    if coding is not None:
+        return _chunked(reader, cap), True
+    if declared is not None:
+        if len(declared) > 18:  # no reply is an exabyte: refused before int() turns 4,300 digits into a number
+            raise BadReply(f"Content-Length of {len(declared)} digits")
+        length = int(declared)
+        if 0 <= cap < length:
+            raise BadReply(f"{length} bytes, over the {cap}-byte reply limit")
+        return _exactly(reader, length), True
+    return _until_close(reader, cap), False  # no length: the body runs until the server closes the connection
+
+
+def _exactly(reader, size: int) -> bytes:
+    """`size` bytes, read in blocks: a short read is a dropped connection."""
+    if size <= _BLOCK:
+        data = reader.read(size)
+    else:
+        blocks = []
+        left = size
+        while left:
+            block = reader.read(min(left, _BLOCK))
+            if not block:
+                break
+            blocks.append(block)
+            left -= len(block)
+        data = b"".join(blocks)
+    if len(data) < size:
+        raise ConnectionError("reply cut short")
+    return data
+
+
+def _until_close(reader, cap: int) -> bytes:
+    if cap < 0:
+        return reader.read()
+    body = reader.read(cap + 1)
+    _check_size(body, cap)
+    return body
+
+
+def _chunked(reader, cap: int = -1) -> bytes:
+    body = bytearray()  # not a list of parts: 8 MiB of one-byte chunks would be 8 million objects
+    while True:
+        line = reader.readline(_MAX_LINE + 1)
+        if not line:
+            raise ConnectionError("connection closed in a chunked reply")
+        found = _CHUNK_SIZE.fullmatch(line)
+        if found is None:
+            _check_whole(line)
+            raise BadReply(f"bad chunk size line {line[:40]!r}")
+        size = int(found.group(1), 16)
+        if size == 0:
+            _headers(reader)  # the trailer fields, read as the header fields are and left
+            return bytes(body)
+        if 0 <= cap < len(body) + size:
+            raise BadReply(f"over the {cap}-byte reply limit")
+        body += _exactly(reader, size)
+        end = reader.readline(3)
+        if end != b"\r\n":
+            if not end:
+                raise ConnectionError("connection closed in a chunked reply")
+            raise BadReply("a chunk runs past its size")
 
 
 def _check_size(body: bytes, cap: int) -> None:
@@ -298,28 +397,6 @@ class _DeadlineReader(io.RawIOBase):
         return self._sock.recv_into(buffer)
 
 
-def _chunked(reader, cap: int = -1) -> bytes:
-    parts = []
-    total = 0
-    while True:
-        line = reader.readline(_MAX_LINE + 1)
-        if not line:
-            raise ConnectionError("connection closed in a chunked reply")
-        size = int(line.split(b";", 1)[0].strip(), 16)
-        if size == 0:
-            while reader.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n", b""):
-                pass  # trailers
-            return b"".join(parts)
-        total += size
-        if 0 <= cap < total:
-            raise BadReply(f"over the {cap}-byte reply limit")
-        chunk = reader.read(size)
-        if len(chunk) < size:
-            raise ConnectionError("reply cut short")
-        parts.append(chunk)
-        reader.readline(_MAX_LINE + 1)
-
-
 class ProxiedConnection:
     """The same calls through httpx, for an endpoint the environment routes through a proxy."""
 
@@ -341,7 +418,7 @@ class ProxiedConnection:
         try:
             with self._deadline(left), self._client.stream("POST", self._base + path, content=body) as r:
                 declared = r.headers.get("content-length", "")
-                if declared.isdigit() and 0 <= cap < int(declared):
+                if _LENGTH.fullmatch(declared) and 0 <= cap < int(declared):
                     raise BadReply(f"{int(declared)} bytes, over the {cap}-byte reply limit")
                 content = bytearray()
                 for chunk in r.iter_bytes():
@@ -351,6 +428,8 @@ class ProxiedConnection:
             raise TransportTimeout("request timed out") from e
         except httpx.DecodingError as e:
             raise BadReply(f"the body cannot be decoded: {str(e)[:200]}") from e
+        except httpx.RemoteProtocolError as e:  # h11 found the reply's framing broken
+            raise BadReply(f"not HTTP/1.1's framing: {str(e)[:200]}") from e
         except httpx.TransportError as e:
             raise TransportError("connection failed or dropped") from e
         return Response(r.status_code, {k.lower(): v for k, v in r.headers.items()}, bytes(content))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentbatch.model import numbers
 
 # Costs are kept to a ten-billionth of a dollar: far below any price, and sums of them print without float noise.
 COST_DIGITS = 10
@@ -38,12 +39,13 @@ class Usage:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, usage: Any) -> None:
-        """Add a reply's `usage` object; missing or non-numeric counts are zero."""
+        """Add a reply's `usage` object; a count or cost that is missing or not one (model.numbers) is not sent."""
         if not isinstance(usage, dict):
             return
-        p, c = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-        total = _count(usage.get("total_tokens")) or p + c
-        reported = _cost(usage.get("cost"))
+        p = numbers.count(usage.get("prompt_tokens")) or 0
+        c = numbers.count(usage.get("completion_tokens")) or 0
+        total = numbers.count(usage.get("total_tokens")) or p + c
+        reported = numbers.usd(usage.get("cost"))
         cost = reported if reported is not None else self.prices.cost(p, c)
         with self._lock:
             self.prompt_tokens += p
@@ -60,33 +62,7 @@ class Usage:
         }
 
 
-def _count(value: Any) -> int:
-    """A token count as servers send it (a number, sometimes a numeric string); anything else is 0."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, str):
-        value = value.strip()
-        value = int(value) if value.isdigit() else 0
-    if isinstance(value, float) and value == value and value != float("inf"):
-        value = int(value)
-    return value if isinstance(value, int) and value >= 0 else 0
-
-
-def _cost(value: Any) -> float | None:
-    """A reported cost in USD (a number or numeric string, finite, not negative); None when there is none."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
-        return float(value)
-    return None
-
-
 def cost_of(usage: Any) -> float:
     """The cost recorded in a saved `usage` object (0.0 for lines written before costs were recorded)."""
-    value = _cost(usage.get("cost")) if isinstance(usage, dict) else None
+    value = numbers.usd(usage.get("cost")) if isinstance(usage, dict) else None
     return value or 0.0

@@ -21,22 +21,34 @@ inside a sandbox like the terminal's, so it reaches exactly what the terminal wo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import pwd
 import re
+import select
 import shutil
+import signal
 import subprocess
 import threading
+import time
 from functools import cache
 
-from agentbatch.sandboxes import confined, local, sandbox_dirs
-from agentbatch.sandboxes.base import SAFE_ENV, ExecResult, SandboxError, SandboxSettings, SandboxSpec
+from agentbatch.sandboxes import confined, registry, sandbox_dirs
+from agentbatch.sandboxes.base import (
+    MAX_FILE_BYTES,
+    SANDBOX_ENV,
+    ExecResult,
+    SandboxError,
+    SandboxSettings,
+    SandboxSpec,
+    one_line,
+)
 from agentbatch.sandboxes.output import stream
+from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
 
 DEFAULT_WORKDIR = "/workspace"
-MAX_FILE_BYTES = 64 * 1024 * 1024
-FILE_OP_TIMEOUT = 60.0
+FILE_OP_TIMEOUT = 60.0  # also how long a long-lived process's sandbox may take to start
 SHM_BYTES = 64 * 1024 * 1024
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 # What the sandbox has of its own; a cwd may not lie inside them.
@@ -44,6 +56,8 @@ PRIVATE_DIRS = ("/proc", "/dev", "/sys", "/run")
 STARTED = b"br-sandbox-started\n"
 # The shell that starts every command: says the sandbox is up, volunteers to the OOM killer, runs it.
 START = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec /bin/bash -c "$1"'
+# The same for a long-lived process: its argv follows.
+START_PROCESS = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
 # The file tools' operations inside the sandbox, for paths the direct route cannot take.
 FILE_OP = r"""printf "br-sandbox-started\n"
 p=$2
@@ -121,7 +135,8 @@ class BwrapSandbox:
             os.mkdir(d, 0o755)
             if self._user:
                 os.chown(d, *self._user)
-        self._env = dict(SAFE_ENV, HOME="/tmp", TMPDIR="/tmp", PWD=self.workdir)
+        self._env = dict(SANDBOX_ENV, HOME="/tmp", TMPDIR="/tmp", PWD=self.workdir)
+        self._processes: list[PipeProcess] = []
         system_args, system_mounts = _layout()
         writable = [(self.workdir, self._work)]
         if self.workdir != "/tmp":
@@ -184,8 +199,39 @@ class BwrapSandbox:
         if done.timed_out:
             return ExecResult(done.output.text(), -9, timed_out=True)
         if not started:
-            raise SandboxError(f"the bwrap sandbox did not start: {_one_line(done.output.text())}")
+            raise SandboxError(f"the bwrap sandbox did not start: {one_line(done.output.text())}")
         return ExecResult(done.output.text(), done.returncode)
+
+    def start(self, argv: list[str], env: dict[str, str] | None = None) -> PipeProcess:
+        """A process in a bwrap sandbox of its own over the prompt's directories: it sees the same files."""
+        if not argv:
+            raise SandboxError("no command to start")
+        command, options = self._argv(["/bin/sh", "-c", START_PROCESS, "sh", *argv])
+
+        def popen() -> subprocess.Popen:
+            return subprocess.Popen(
+                command,
+                cwd="/",
+                env={**self._env, **(env or {})},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(options,),
+            )
+
+        try:
+            proc = on_lasting_thread(popen)
+        except OSError as e:
+            raise SandboxError(f"cannot start {argv[0]!r}: {e}") from e
+        finally:
+            os.close(options)
+        process = PipeProcess(proc, _kill_group)
+        if not _read_exactly(proc.stdout.fileno(), STARTED, FILE_OP_TIMEOUT):
+            process.kill()
+            raise SandboxError(f"the bwrap sandbox did not start: {one_line(process.stderr())}")
+        self._processes.append(process)
+        return process
 
     def read_file(self, path: str, limit: int | None = None) -> bytes:
         cap = MAX_FILE_BYTES + 1 if limit is None else limit
@@ -246,7 +292,7 @@ class BwrapSandbox:
         finally:
             os.close(options)
         # "sh: 19: cannot create /etc/x: Read-only file system": the script's line number means nothing to the model.
-        message = re.sub(r"^sh: \d+: ", "", _one_line(done.stderr.decode("utf-8", "replace")))
+        message = re.sub(r"^sh: \d+: ", "", one_line(done.stderr.decode("utf-8", "replace")))
         if not done.stdout.startswith(STARTED):
             raise SandboxError(f"the bwrap sandbox did not start: {message}")
         if done.returncode != 0:
@@ -254,11 +300,30 @@ class BwrapSandbox:
         return done.stdout[len(STARTED) :]
 
     def cleanup(self) -> None:
+        processes, self._processes = self._processes, []
+        for process in processes:
+            process.kill()
         sandbox_dirs.remove(self._base)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:500]
+def _kill_group(proc: subprocess.Popen) -> None:
+    """bwrap and its sandbox's PID 1 with it: the kernel then ends everything in the sandbox."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _read_exactly(fd: int, expected: bytes, timeout: float) -> bool:
+    """Read len(expected) bytes from fd within timeout; whether they were `expected` (False at EOF or time)."""
+    got, deadline = b"", time.monotonic() + timeout
+    while len(got) < len(expected):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return False
+        data = os.read(fd, len(expected) - len(got))
+        if not data:
+            return False
+        got += data
+    return got == expected
 
 
 _probe_lock = threading.Lock()
@@ -282,7 +347,7 @@ def _try(settings: SandboxSettings) -> str | None:
     try:
         sandbox = BwrapSandbox(SandboxSpec(settings))
         result = sandbox.exec("exit 0", timeout=30)
-        return None if result.exit_code == 0 else f"a test command failed: {_one_line(result.output)}"
+        return None if result.exit_code == 0 else f"a test command failed: {one_line(result.output)}"
     except (SandboxError, OSError) as e:
         return str(e)
     finally:
@@ -290,31 +355,38 @@ def _try(settings: SandboxSettings) -> str | None:
             sandbox.cleanup()
 
 
-def prepare(spec: SandboxSpec) -> None:
-    """Raise SandboxError if bwrap does not work here, or the row's cwd cannot be a working directory in it."""
-    cwd = spec.cwd
-    if cwd:
-        cwd = posixpath.normpath(cwd)
-        if not posixpath.isabs(cwd):
-            raise SandboxError(f"cwd {spec.cwd!r} must be an absolute path inside the sandbox")
-        for d in PRIVATE_DIRS:
-            if cwd == d or cwd.startswith(d + "/"):
-                raise SandboxError(f"cwd {spec.cwd!r} lies in {d}, which the bwrap sandbox makes its own")
-        for d in SYSTEM_DIRS:
-            if (cwd == d or cwd.startswith(d + "/")) and (os.path.islink(d) or not os.path.isdir(cwd)):
-                raise SandboxError(
-                    f"cwd {spec.cwd!r} lies in {d}, read-only in the bwrap sandbox, and is no directory there"
-                )
-    reason = probe(spec.settings)
-    if reason:
-        raise SandboxError(f"the bwrap sandbox does not work here: {reason}")
+def check_cwd(cwd: str | None) -> None:
+    """Raise SandboxError if the row's cwd cannot be a working directory in the bwrap sandbox."""
+    if not cwd:
+        return
+    path = posixpath.normpath(cwd)
+    if not posixpath.isabs(path):
+        raise SandboxError(f"cwd {cwd!r} must be an absolute path inside the sandbox")
+    for d in PRIVATE_DIRS:
+        if path == d or path.startswith(d + "/"):
+            raise SandboxError(f"cwd {cwd!r} lies in {d}, which the bwrap sandbox makes its own")
+    for d in SYSTEM_DIRS:
+        if (path == d or path.startswith(d + "/")) and (os.path.islink(d) or not os.path.isdir(path)):
+            raise SandboxError(f"cwd {cwd!r} lies in {d}, read-only in the bwrap sandbox, and is no directory there")
 
 
-def create(spec: SandboxSpec) -> BwrapSandbox:
-    prepare(spec)
-    return BwrapSandbox(spec)
+@registry.backend("bwrap")
+class BwrapBackend(sandbox_dirs.WorkerDirBackend):
+    """Every command in its own bubblewrap sandbox over the sample's directory."""
 
+    def prepare_run(self, settings: SandboxSettings) -> str:
+        why_not = probe(settings)
+        if why_not:
+            raise SandboxError(f"bwrap does not work here: {why_not}")
+        user = "nobody" if sandbox_user() else "your uid"
+        net = "network on" if settings.network else "no network"
+        return f"sandbox: bwrap (every command in its own namespaces as {user}, system directories read-only, {net})"
 
-def reap(labels: dict[str, str]) -> int:
-    """Remove the directories of sandboxes whose worker died; their processes died with it (--die-with-parent)."""
-    return local.reap(labels)
+    def prepare(self, spec: SandboxSpec) -> None:
+        check_cwd(spec.cwd)
+        reason = probe(spec.settings)  # once per process: a spawned worker has not seen the parent's
+        if reason:
+            raise SandboxError(f"the bwrap sandbox does not work here: {reason}")
+
+    def create(self, spec: SandboxSpec) -> BwrapSandbox:
+        return BwrapSandbox(spec)

@@ -100,10 +100,17 @@ def write(root: str, parts: list[str], data: bytes, owner: tuple[int, int] | Non
         os.close(fd)
 
 
-def check_dir(root: str, parts: list[str]) -> None:
-    """Raise unless root/parts is a directory reached without a symlink (a search may start there)."""
-    with _walk(root, parts, create=False):
-        pass
+def check_start(root: str, parts: list[str]) -> None:
+    """Raise unless root/parts is reached without a symlink, itself included (a search may start there)."""
+    if not parts:
+        return
+    with _walk(root, parts[:-1], create=False) as dir_fd:
+        try:
+            info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return  # nothing there: the search finds nothing
+        if stat.S_ISLNK(info.st_mode):
+            raise SymlinkRefused(f"{parts[-1]} is a symbolic link; the file tools do not follow symbolic links here")
 
 
 @contextlib.contextmanager

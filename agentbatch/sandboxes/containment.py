@@ -159,11 +159,15 @@ def cgroups_named(prefixes: set[str]) -> list[str]:
     return []
 
 
-def kill_tagged(tags: set[str]) -> int:
-    """SIGKILL every process whose environment carries one of these sandbox tags; how many (Linux /proc)."""
+def kill_tagged(tags: set[str], nested: bool = False) -> int:
+    """SIGKILL every process whose environment carries one of these sandbox tags; how many (Linux /proc).
+
+    `nested`: also the tags below them (`<tag>/...`, a sandbox's long-lived processes).
+    """
     if not tags:
         return 0
-    wanted = {f"{TAG_VAR}={t}".encode() for t in tags}
+    prefix = f"{TAG_VAR}=".encode()
+    wanted = {t.encode() for t in tags}
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
@@ -172,8 +176,9 @@ def kill_tagged(tags: set[str]) -> int:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if wanted.isdisjoint(f.read().split(b"\0")):
-                    continue
+                found = [v[len(prefix) :] for v in f.read().split(b"\0") if v.startswith(prefix)]
+            if not any(v in wanted or (nested and v.partition(b"/")[0] in wanted) for v in found):
+                continue
             os.kill(pid, signal.SIGKILL)
             killed += 1
         except (OSError, ValueError):

@@ -11,12 +11,23 @@ from __future__ import annotations
 import itertools
 import os
 import posixpath
+import shlex
+import subprocess
 
-from agentbatch.sandboxes import confined, containment, sandbox_dirs
-from agentbatch.sandboxes.base import SAFE_ENV, ExecResult, SandboxError, SandboxSpec
+from agentbatch.sandboxes import confined, containment, registry, sandbox_dirs
+from agentbatch.sandboxes.base import (
+    MAX_FILE_BYTES,
+    SANDBOX_ENV,
+    ExecResult,
+    SandboxError,
+    SandboxSettings,
+    SandboxSpec,
+)
 from agentbatch.sandboxes.output import stream
+from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
 
-MAX_FILE_BYTES = 64 * 1024 * 1024
+UNTRUSTED = "not an isolation boundary: commands run as your user and reach whatever it can"
+_METHODS = {"pidns": "a PID namespace", "cgroup": "a cgroup", "scan": "a /proc scan (weak)"}
 
 
 class LocalSandbox:
@@ -32,6 +43,7 @@ class LocalSandbox:
         # directory per prompt queued 1,024 sessions on the file system (bench/RESULTS.md).
         self._tmp: str | None = None
         self._roots = _roots(cwd)
+        self._processes: list[PipeProcess] = []
 
     @property
     def workdir(self) -> str:
@@ -42,22 +54,25 @@ class LocalSandbox:
         if self._tmp is None:
             self._tmp = sandbox_dirs.make()
             self._name = os.path.basename(self._tmp)
-            self._env = dict(SAFE_ENV, HOME=self._tmp, TMPDIR=self._tmp, PWD=self.workdir)
+            self._env = dict(SANDBOX_ENV, HOME=self._tmp, TMPDIR=self._tmp, PWD=self.workdir)
             if self.method == "scan":
                 self._env[containment.TAG_VAR] = self._name
             # The file tools' roots: a path the model gives must lie below one of them (as given or resolved).
             self._roots = _roots(self._cwd, self._tmp)
         return self._tmp
 
-    def exec(self, command: str, timeout: float) -> ExecResult:
-        self._made()
+    def _contained(self, command: str, tag: str, cgroup_name: str) -> containment.Command:
         cgroup = None
         if self.method == "cgroup":
             try:
-                cgroup = containment.new_cgroup(f"{self._name}.{next(self._count)}")
+                cgroup = containment.new_cgroup(cgroup_name)
             except OSError as e:
                 raise SandboxError(f"cannot make the command's cgroup: {e}") from e
-        contained = containment.Command(self.method, command, self._name, cgroup)
+        return containment.Command(self.method, command, tag, cgroup)
+
+    def exec(self, command: str, timeout: float) -> ExecResult:
+        self._made()
+        contained = self._contained(command, self._name, f"{self._name}.{next(self._count)}")
         try:
             done = stream(
                 contained.argv,
@@ -73,6 +88,37 @@ class LocalSandbox:
             return ExecResult(done.output.text(), -9, timed_out=True)
         return ExecResult(done.output.text(), done.returncode)
 
+    def start(self, argv: list[str], env: dict[str, str] | None = None) -> PipeProcess:
+        """A process contained as a command is, under a tag and cgroup of its own: commands' ends leave it running."""
+        if not argv:
+            raise SandboxError("no command to start")
+        self._made()
+        # Names below the sandbox's, so the end of a command leaves it alone and a reap of the sandbox finds it.
+        n = next(self._count)
+        contained = self._contained("exec " + shlex.join(argv), f"{self._name}/p{n}", f"{self._name}.p{n}")
+        environment = {**self._env, **(env or {})}
+        if self.method == "scan":
+            environment[containment.TAG_VAR] = contained.tag
+
+        def popen() -> subprocess.Popen:
+            return subprocess.Popen(
+                contained.argv,
+                cwd=self.workdir,
+                env=environment,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+
+        try:
+            process = PipeProcess(on_lasting_thread(popen), contained.kill)
+        except OSError as e:
+            contained.end()
+            raise SandboxError(f"cannot start {argv[0]!r}: {e}") from e
+        self._processes.append(process)
+        return process
+
     def read_file(self, path: str, limit: int | None = None) -> bytes:
         root, parts = self._beneath(path)
         data = confined.read(root, parts, MAX_FILE_BYTES + 1 if limit is None else limit)
@@ -85,11 +131,17 @@ class LocalSandbox:
         confined.write(root, parts, data)
 
     def confine(self, path: str) -> str:
-        """The path, if it is a directory or file the file tools may search; PermissionError if not."""
+        """The path as checked, if no symlink leads there (itself included); PermissionError if not.
+
+        What was checked is the path with `.` and `..` resolved on its text: the same path, normalized, is
+        what a search gets, so `link/.` cannot lead through a symlink the check never saw.
+        """
         root, parts = self._beneath(path)
-        if parts:
-            confined.check_dir(root, parts[:-1])
-        return path
+        confined.check_start(root, parts)
+        normal = posixpath.normpath(path)
+        if posixpath.isabs(normal) or normal == ".." or normal.startswith("../"):
+            return posixpath.join(root, *parts)  # `..` means what the kernel says on a path: give none
+        return normal
 
     def _beneath(self, path: str) -> tuple[str, list[str]]:
         if self._tmp is None and self._cwd is None and not posixpath.isabs(path):
@@ -107,6 +159,9 @@ class LocalSandbox:
         )
 
     def cleanup(self) -> None:
+        processes, self._processes = self._processes, []
+        for process in processes:
+            process.kill()
         if self._tmp is not None:
             sandbox_dirs.remove(self._tmp)
 
@@ -117,22 +172,27 @@ def _roots(*dirs: str | None) -> list[str]:
     return sorted(roots, key=len, reverse=True)
 
 
-def prepare(spec: SandboxSpec) -> None:
-    if spec.cwd and not os.path.isdir(spec.cwd):
-        raise SandboxError(f"cwd {spec.cwd!r} is not a directory on this machine")
+@registry.backend("local")
+class LocalBackend(sandbox_dirs.WorkerDirBackend):
+    """Commands run as the runner's user in a directory of this machine, contained but not isolated."""
 
+    def prepare_run(self, settings: SandboxSettings, because: str = "") -> str:
+        """`because`: why the preferred backend (bwrap) does not run here, when this one runs in its place."""
+        reason = f" ({because})" if because else ""
+        if not settings.network:
+            raise SandboxError(
+                f"--sandbox_network=none needs a sandbox that can cut the network, bwrap or docker{reason}"
+            )
+        method = _METHODS[settings.local_containment or containment.best()]
+        other = "--sandbox=docker" if because else "--sandbox=bwrap or docker"
+        return (
+            f"warning: sandbox: local{reason}, {UNTRUSTED}; each command's processes are contained by {method}; "
+            f"use {other} for models you do not trust"
+        )
 
-def create(spec: SandboxSpec) -> LocalSandbox:
-    return LocalSandbox(spec.cwd, spec.settings.local_containment)
+    def prepare(self, spec: SandboxSpec) -> None:
+        if spec.cwd and not os.path.isdir(spec.cwd):
+            raise SandboxError(f"cwd {spec.cwd!r} is not a directory on this machine")
 
-
-def reap(labels: dict[str, str]) -> int:
-    """Remove the sandboxes whose worker died (of any run of this user): their processes, cgroups and directories."""
-    dead = sandbox_dirs.dead_leftovers()
-    names = {os.path.basename(p) for p in dead}
-    for cgroup in containment.cgroups_named({n + "." for n in names}):
-        containment.kill_cgroup(cgroup)
-    containment.kill_tagged(names)
-    for path in dead:
-        sandbox_dirs.remove(path)
-    return len(dead)
+    def create(self, spec: SandboxSpec) -> LocalSandbox:
+        return LocalSandbox(spec.cwd, spec.settings.local_containment)

@@ -2,7 +2,7 @@
 
 `br-sandbox-<pid>.<start time>-<random>` in the temp directory: the name alone says whose it is, so
 after a worker dies (or a session is killed) the parent can tell a dead owner's leftovers from a live
-sandbox of another run without any file a command could tamper with, and remove them.
+sandbox of another run without any file a command could tamper with, and remove them (`reap_dead`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import shutil
 import stat
 import tempfile
 from functools import cache
+
+from agentbatch.sandboxes import containment
+from agentbatch.sandboxes.base import Backend
 
 PREFIX = "br-sandbox-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)\.(\d+)-")
@@ -105,12 +108,16 @@ def _dead(base: str, names: list[str]) -> list[str]:
 
 
 def remove(path: str) -> None:
-    """Remove a sandbox directory whatever a command did to its modes; never raises."""
+    """Remove a sandbox directory whatever a command did to its modes; never raises, and does nothing once it is gone."""
 
     def unlock(func, failed, _exc) -> None:
-        # A command may have left a directory without write or search permission: restore it and retry.
+        # A command may have left a directory without write or search permission: restore it and retry. Only
+        # below `path`: the directory it lies in (the temp directory) is never changed, also when `path` is gone.
+        if failed != path and not failed.startswith(path + os.sep):
+            return
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed), 0o700)
+            if failed != path:
+                os.chmod(os.path.dirname(failed), 0o700)
             if os.path.isdir(failed) and not os.path.islink(failed):
                 os.chmod(failed, 0o700)
                 shutil.rmtree(failed, ignore_errors=True)
@@ -119,3 +126,29 @@ def remove(path: str) -> None:
 
     with contextlib.suppress(OSError):
         shutil.rmtree(path, onerror=unlock)
+
+
+def reap_dead() -> int:
+    """Remove the sandboxes whose worker died (of any run of this user): their processes, cgroups and directories."""
+    dead = dead_leftovers()
+    names = {os.path.basename(p) for p in dead}
+    for cgroup in containment.cgroups_named({n + "." for n in names}):
+        containment.kill_cgroup(cgroup)
+    containment.kill_tagged(names, nested=True)
+    for path in dead:
+        remove(path)
+    return len(dead)
+
+
+class WorkerDirBackend(Backend):
+    """A backend whose sandboxes are such directories (local, bwrap): removed with them, reaped by dead worker."""
+
+    def cleanup(self, sandbox, interrupted: bool) -> None:
+        sandbox.cleanup()
+
+    def reap(self, labels: dict[str, str]) -> int:
+        """Any run's sandboxes whose worker died, whatever the labels: a live worker's are never touched."""
+        return reap_dead()
+
+    def reaped(self, n: int, whose: str) -> str:
+        return f"removed {n} {self.name} sandboxes whose worker had died"

@@ -17,9 +17,9 @@ from typing import Annotated, Any, Literal
 
 from agentbatch.model.base import ModelCallError
 from agentbatch.tools import url_policy
+from agentbatch.tools.browser_proxy import REFUSED_HEADER
 from agentbatch.tools.browser_scripts import IMAGES_JS, SCROLL_JS, SNAPSHOT_JS
 from agentbatch.tools.browser_session import (
-    REFUSED_HEADER,
     BrowserError,
     BrowserSession,
     Live,
@@ -32,7 +32,7 @@ from agentbatch.tools.settings import ToolSettings
 from agentbatch.tools.vision import vision_model
 
 RESOURCE_KEY = "browser_session"
-NAVIGATION_TIMEOUT = 30.0  # capped by settings.command_timeout
+NAVIGATION_TIMEOUT = 30.0  # capped by settings.command_timeout (itself cut to the time the prompt has left)
 ACTION_TIMEOUT = 10.0
 NAVIGATION_GRACE = 0.5  # how long after a click or key press a navigation it triggers may take to start
 SNAPSHOT_MAX_CHARS = 60_000
@@ -61,7 +61,7 @@ def _run(ctx: ToolContext, fn: Any, **extra: Any) -> dict:
     """Run fn(live) in the prompt's browser; Playwright and policy failures become error results."""
     session = _session(ctx)
     try:
-        result = session.run(fn)
+        result = session.run(fn, _timeout(ctx.settings), ctx.limits.deadline)
     except BrowserError as e:
         result = {"error": str(e)}
     except Exception as e:  # Playwright's errors: timeouts, closed targets, bad selectors or keys
@@ -103,7 +103,7 @@ def _act(live: Live, action: Any) -> None:
         deadline = time.monotonic() + NAVIGATION_GRACE
         while not (seen["request"] or seen["done"]) and time.monotonic() < deadline:
             page.wait_for_timeout(50)
-        deadline = time.monotonic() + live.session.timeout
+        deadline = time.monotonic() + live.timeout_ms / 1000
         while seen["request"] and not seen["done"] and time.monotonic() < deadline:
             page.wait_for_timeout(50)
     finally:

@@ -15,12 +15,8 @@ its crashpad handlers, and the browser's process group holds every renderer and 
 operation the thread checks the browser and relaunches it if it died; that result carries a note saying
 the previous page was lost.
 
-Network policy: Chromium sends every request (navigations, each redirect hop, subresources, websockets,
-workers) through a small per-session HTTP proxy on 127.0.0.1 that asks `url_policy.resolve_url` and then
-connects to one of the addresses it checked, so neither a redirect nor a DNS answer that changes between
-check and connect can take the browser to a refused address. (Playwright's request routing was not enough:
-it never sees redirect hops.) A refused plain-HTTP request gets a 403 page saying why; a refused HTTPS or
-websocket tunnel fails to connect. Service workers are blocked to keep requests plain and visible.
+Network policy: Chromium sends every request through the session's `browser_proxy.PolicyProxy`, and WebRTC
+and QUIC, which could send UDP around it, are held to it by the launch flags (browser_proxy.py says how).
 """
 
 from __future__ import annotations
@@ -30,19 +26,16 @@ import importlib.util
 import logging
 import os
 import queue
-import select
 import shutil
 import signal
-import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
-from agentbatch.tools import url_policy
+from agentbatch.tools.browser_proxy import PolicyProxy
 from agentbatch.tools.url_policy import Networks
 
 log = logging.getLogger("batch_runner")
@@ -57,10 +50,14 @@ CHROMIUM_ARGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # The preference behind Chrome's WebRtcIPHandling policy, set from the command line (Debian's build honours
+    # this name; "--force-webrtc-ip-handling-policy" is ignored by it).
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
 )
 LAUNCH_TIMEOUT = 60.0
 MAX_CONFIG_PATH = 50  # leaves room for Chromium's own temp dir and socket name under 107 bytes
 HANG_GRACE = 10.0  # beyond an operation's own timeout before the browser is declared hung
+DEADLINE_GRACE = 1.0  # beyond a caller's deadline: time for Playwright's own timeout error to come back first
 VIEWPORT = {"width": 1280, "height": 900}
 MARKER_FLAG = "--batch-runner-browser-session="
 
@@ -97,6 +94,7 @@ def launch_error(e: BaseException) -> str:
 @dataclass
 class _Task:
     fn: Callable[[Any], dict]
+    timeout: float
     started: threading.Event = field(default_factory=threading.Event)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
@@ -111,6 +109,14 @@ class Live:
         self.context: Any = None
         self.crashed: set[int] = set()
         self.ref_counter = 1  # refs are unique over the session, so a ref from an earlier page is never reused
+
+    def set_timeout(self, seconds: float) -> None:
+        """The Playwright timeout of the operations to come (each call brings its own, cut to its prompt's time)."""
+        ms = max(round(seconds * 1000), 1)  # whole milliseconds, as Playwright reports them; 0 would be none
+        if ms != self.timeout_ms:
+            self.timeout_ms = ms
+            self.context.set_default_timeout(ms)
+            self.context.set_default_navigation_timeout(ms)
 
     @property
     def page(self) -> Any:
@@ -140,17 +146,26 @@ class BrowserSession:
 
     # -- caller side -------------------------------------------------------------------------------------
 
-    def run(self, fn: Callable[[Live], dict], timeout: float | None = None) -> dict:
-        """Run fn(live) on the session thread and return its dict; raise BrowserError on a hang or failure."""
+    def run(self, fn: Callable[[Live], dict], timeout: float | None = None, deadline: float | None = None) -> dict:
+        """Run fn(live) on the session thread and return its dict; raise BrowserError on a hang or failure.
+
+        `timeout` is the Playwright timeout of fn's operations (the session's by default); `deadline`
+        (time.monotonic), when given, ends every wait here, the browser's start included.
+        """
         if self._closed or self.broken:
             raise BrowserError("the browser session is closed")
-        task = _Task(fn)
+        task = _Task(fn, max(timeout or self.timeout, 0.1))  # 0 would be no timeout at all to Playwright
+
+        def within(seconds: float) -> float:
+            return seconds if deadline is None else max(0.0, min(seconds, deadline + DEADLINE_GRACE - time.monotonic()))
+
         self._queue.put(task)
-        if not task.started.wait(LAUNCH_TIMEOUT):
+        launch = within(LAUNCH_TIMEOUT)
+        if not task.started.wait(launch):
             self._kill_browser()
             self._abandon_if_stuck(task)
-            raise BrowserError(f"the browser did not start within {LAUNCH_TIMEOUT:.0f}s")
-        limit = (timeout or self.timeout) + HANG_GRACE
+            raise BrowserError(f"the browser did not start within {launch:.0f}s")
+        limit = within(task.timeout + HANG_GRACE)
         try:
             return task.future.result(limit)
         except concurrent.futures.TimeoutError:
@@ -229,6 +244,7 @@ class BrowserSession:
                     continue
                 task.started.set()
                 try:
+                    live.set_timeout(task.timeout)
                     result = task.fn(live)
                     if note:
                         result.setdefault("note", note)
@@ -347,151 +363,3 @@ def _processes() -> list[tuple[int, int, int, str]]:
             continue
         out.append((int(name), int(fields[1]), int(fields[2]), cmdline))
     return out
-
-
-class PolicyProxy:
-    """An HTTP proxy on 127.0.0.1 that lets a connection through only to addresses the URL policy allows."""
-
-    def __init__(self, allowed: Networks, on_refusal: Callable[[str], None]):
-        self.allowed = allowed
-        self.on_refusal = on_refusal
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        self._closed = False
-        self._sockets: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, name="browser-proxy", daemon=True).start()
-
-    def close(self) -> None:
-        """Stop accepting and cut every open connection."""
-        self._closed = True
-        with self._lock:
-            sockets, self._sockets = list(self._sockets), set()
-        for sock in [self._server, *sockets]:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _track(self, sock: socket.socket) -> socket.socket:
-        with self._lock:
-            if self._closed:
-                sock.close()
-                raise OSError("proxy closed")
-            self._sockets.add(sock)
-        return sock
-
-    def _serve(self, client: socket.socket) -> None:
-        upstream = None
-        try:
-            self._track(client)
-            client.settimeout(PROXY_IDLE_TIMEOUT)
-            head, rest = _read_head(client)
-            if head is None:
-                return
-            lines = head.decode("latin-1").split("\r\n")
-            method, target, version = lines[0].split(" ", 2)
-            if method.upper() == "CONNECT":
-                url, port = f"https://{target}/", int(target.rpartition(":")[2])
-            else:
-                url = target
-                parts = urlsplit(target)
-                port = parts.port or 80
-            try:
-                addresses = url_policy.resolve_url(url, self.allowed)
-            except ValueError as e:
-                if not str(e).startswith("refusing"):  # a name that does not resolve is no policy matter
-                    client.sendall(f"{version} 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n".encode())
-                    return
-                self.on_refusal(str(e))
-                body = f"Refused by the URL policy: {e}\n".encode()
-                client.sendall(
-                    f"{version} 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n{REFUSED_HEADER}: 1\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                    + body
-                )
-                return
-            try:
-                upstream = self._track(_connect(addresses, port))
-            except OSError as e:
-                client.sendall(f"{version} 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
-                raise e
-            if method.upper() == "CONNECT":
-                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
-                # One request per connection: Chromium reuses proxy connections across hosts, which must each
-                # be checked, so the upstream is told to close after its response.
-                parts = urlsplit(target)
-                path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-                kept = [h for h in lines[1:] if h and h.split(":", 1)[0].strip().lower() not in _HOP_HEADERS]
-                request = [f"{method} {path} {version}", *kept, "Connection: close", "", ""]
-                upstream.sendall("\r\n".join(request).encode("latin-1"))
-            if rest:
-                upstream.sendall(rest)
-            _pipe(client, upstream, tunnel=method.upper() == "CONNECT")
-        except (OSError, ValueError):
-            pass
-        finally:
-            for sock in (client, upstream):
-                if sock is not None:
-                    with self._lock:
-                        self._sockets.discard(sock)
-                    sock.close()
-
-
-PROXY_IDLE_TIMEOUT = 120.0
-REFUSED_HEADER = "X-URL-Policy-Refused"
-_HOP_HEADERS = {"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te"}
-
-
-def _read_head(sock: socket.socket) -> tuple[bytes | None, bytes]:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk or len(data) > 256 * 1024:
-            return None, b""
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    return head, rest
-
-
-def _connect(addresses: list[str], port: int) -> socket.socket:
-    error: OSError | None = None
-    for address in addresses:
-        try:
-            return socket.create_connection((address, port), timeout=30)
-        except OSError as e:
-            error = e
-    raise error or OSError("no address to connect to")
-
-
-def _pipe(a: socket.socket, b: socket.socket, tunnel: bool) -> None:
-    """Copy bytes both ways until both sides have finished sending (a plain request: until b, the server, has)."""
-    open_ends = {a: b, b: a}
-    for sock in open_ends:
-        sock.settimeout(None)
-    while open_ends:
-        readable, _, _ = select.select(list(open_ends), [], [], PROXY_IDLE_TIMEOUT)
-        if not readable:
-            return
-        for sock in readable:
-            data = sock.recv(65536)
-            if data:
-                open_ends[sock].sendall(data)
-            elif sock is b and not tunnel:
-                return
-            else:
-                try:
-                    open_ends[sock].shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-                del open_ends[sock]

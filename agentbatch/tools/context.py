@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from agentbatch import sandboxes
-from agentbatch.limits import SessionLimits
+from agentbatch.limits import SampleLimits
 from agentbatch.model.base import Model, Reply
 from agentbatch.model.reasoning import split_reasoning
 from agentbatch.model.usage import Usage
 from agentbatch.sandboxes.base import Sandbox, SandboxError, SandboxSpec
-from agentbatch.sandboxes.starts import start_slot
+from agentbatch.sandboxes.sample import SampleSandbox
 from agentbatch.tools.settings import ToolSettings
+
+# The settings every tool's waits come from: each is cut to the time the prompt has left (ToolContext.settings).
+TIMEOUT_SETTINGS = tuple(f.name for f in dataclasses.fields(ToolSettings) if f.name.endswith("_timeout"))
 
 
 class ToolContext:
@@ -25,37 +28,45 @@ class ToolContext:
         client: Model,
         usage: Usage | None = None,
         image_client: Model | None = None,
-        limits: SessionLimits | None = None,
+        limits: SampleLimits | None = None,
         redact: Callable[[str], str] | None = None,
     ):
-        self.settings = settings
+        self._settings = settings
         # Applied to every tool result before the endpoint sees it (secrets_guard.Redactor).
         self.redact = redact or (lambda text: text)
         self.spec = spec
+        self._sandbox = SampleSandbox(spec)
         self.client = client
         self.image_client = image_client or client
         self.usage = usage if usage is not None else Usage()
         # The session's deadline and token/cost limits; commands and model calls are cut at the deadline.
-        self.limits = limits or SessionLimits(usage=self.usage)
+        self.limits = limits or SampleLimits(usage=self.usage)
         self.resources: dict[str, Any] = {}
-        # Why the sandbox could not be made: the environment's fault, not the model's, so the prompt fails
-        # (and --resume retries it) instead of saving a trajectory of it.
-        self.sandbox_error: SandboxError | None = None
-        self._sandbox: Sandbox | None = None
         self._cleanups: list[Callable[[], None]] = []
 
+    @property
+    def settings(self) -> ToolSettings:
+        """The tools' settings, every `*_timeout` in them cut to the time the prompt has left.
+
+        This is what keeps every tool, built-in or plug-in, within --prompt_timeout: a tool takes its waits
+        from here (or from `limits.cap` for a wait of its own), so none outlasts the prompt's deadline.
+        """
+        left = self.limits.time_left()
+        s = self._settings
+        if left is None:
+            return s
+        cut = {name: min(getattr(s, name), left) for name in TIMEOUT_SETTINGS if getattr(s, name) > left}
+        return dataclasses.replace(s, **cut) if cut else s
+
     def sandbox(self) -> Sandbox:
-        """The prompt's sandbox, created on first use."""
-        if self._sandbox is None:
-            with start_slot(self.spec.settings.starts, self.limits.time_left()) as started:
-                if not started:  # the prompt's time is up: the loop ends it as "time", not as a failure
-                    raise TimeoutError("the prompt's time limit came while its sandbox waited to start")
-                try:
-                    self._sandbox = sandboxes.create(self.spec)
-                except SandboxError as e:
-                    self.sandbox_error = self.sandbox_error or e
-                    raise
-        return self._sandbox
+        """The prompt's sandbox, created on first use (TimeoutError, ended as "time", if the time limit comes first)."""
+        return self._sandbox.get(self.limits.time_left())
+
+    @property
+    def sandbox_error(self) -> SandboxError | None:
+        """Why the sandbox could not be made: the environment's fault, not the model's, so the prompt fails (and
+        --resume retries it) instead of saving a trajectory of it."""
+        return self._sandbox.error
 
     def ask(self, messages: list[dict], model: str) -> str:
         """A model's answer (reasoning left out) through the run's client; ModelCallError when it fails for good."""
@@ -66,7 +77,7 @@ class ToolContext:
 
     def generate_image(self, request: dict) -> Reply:
         """One images API call through the run's client for images; its usage counts into the prompt's."""
-        reply = self.image_client.generate_image(request)
+        reply = self.image_client.generate_image(request, deadline=self.limits.deadline)
         usage = reply.get("usage")
         if isinstance(usage, dict):  # the images API counts input and output tokens
             self.usage.add(
@@ -82,19 +93,15 @@ class ToolContext:
         """Run fn when the prompt ends, whatever the outcome (latest registered runs first)."""
         self._cleanups.append(fn)
 
-    def close(self) -> None:
-        """Release everything the prompt made; never raises."""
+    def close(self, interrupted: bool = False) -> None:
+        """Release everything the prompt made, its sandbox last; never raises. `interrupted`: it did not run to its end."""
         for fn in reversed(self._cleanups):
             try:
                 fn()
             except Exception:
                 pass
         self._cleanups.clear()
-        if self._sandbox is not None:
-            try:
-                self._sandbox.cleanup()
-            finally:
-                self._sandbox = None
+        self._sandbox.close(interrupted)
 
 
 def _first_message(reply: dict) -> dict:

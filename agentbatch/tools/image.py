@@ -1,7 +1,8 @@
 """The image_gen toolset: image_generate through an OpenAI-compatible images API (POST /images/generations).
 
 The model is --image_model or IMAGE_MODEL (the tool is offered only when one is set), at --image_base_url
-(default --base_url) with IMAGE_API_KEY when that endpoint needs another key; the call goes through the
+(default --base_url) with IMAGE_API_KEY, else the run's key if that is --base_url's origin, else no key
+(ToolSettings.image_endpoint: a key goes only where it belongs); the call goes through the
 run's model client, retried like every model call. IMAGE_RESPONSE_FORMAT (url or b64_json; not sent by
 default, gpt-image models reject it) and IMAGE_SIZE shape the request. A reply carrying a URL is returned
 as is; one carrying base64 bytes is saved into the prompt's sandbox under images/ and its path returned.

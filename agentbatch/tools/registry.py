@@ -9,7 +9,8 @@ non-empty "error" marks the call failed.
 Every tool belongs to one toolset, the unit distributions sample: a built-in tool to its row of
 toolset_distributions.TOOLSETS, a plug-in's to `@tool(toolset=...)`, else its module's `TOOLSET`, else its
 module's name. Built-in and plug-in tools register the same way: their module is imported by the one
-plug-in loader (agentbatch/plugins.py).
+plug-in loader (agentbatch/plugins.py). A tool declared by a JSON schema rather than by a function's types
+(an MCP server's, agentbatch/mcp/) is registered with `register` and gets the model's arguments unchanged.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ class Tool:
     unavailable: Callable[[ToolSettings], str | None]
     aliases: tuple[tuple[str, str], ...] = ()
     toolset: str = ""
+    # A JSON Schema of the arguments given as it is (an MCP server's tool): offered verbatim, the arguments
+    # passed on unchecked (the server checks them); None: the schema is made from `params`.
+    parameters: dict | None = None
+    origin: str = ""  # who declared it, for a clash's message (default: the function's module and name)
 
     def schema(self) -> dict:
         """The OpenAI function-tool schema: one dict per tool, made once (the model client encodes it once too)."""
@@ -94,6 +99,8 @@ class Tool:
         required = [p.name for p in self.params if p.required]
         if required:
             parameters["required"] = required
+        if self.parameters is not None:
+            parameters = self.parameters
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": parameters},
@@ -101,6 +108,8 @@ class Tool:
 
     def arguments(self, args: dict) -> dict:
         """The keyword arguments of the function, checked and converted; raises ArgumentError."""
+        if self.parameters is not None:
+            return args
         for alias, name in self.aliases:  # a name models often use instead of the declared one
             if args.get(name) is None and args.get(alias) is not None:
                 args = dict(args, **{name: args[alias]})
@@ -167,6 +176,11 @@ def _toolset_of(fn: Callable, name: str, given: str | None) -> str:
     return declared if isinstance(declared, str) and declared else module.rpartition(".")[2]
 
 
+def register(t: Tool) -> None:
+    """Add a tool made elsewhere than by `@tool` (an MCP server's); ToolDeclarationError if its name or toolset clashes."""
+    _register(t)
+
+
 def _register(t: Tool) -> None:
     known = _REGISTRY.get(t.name)
     if known is not None and _origin(known) != _origin(t):
@@ -185,7 +199,7 @@ def _register(t: Tool) -> None:
 
 
 def _origin(t: Tool) -> str:
-    return f"{t.function.__module__}.{t.function.__qualname__}"
+    return t.origin or f"{t.function.__module__}.{t.function.__qualname__}"
 
 
 def _params(fn: Callable) -> tuple[Param, ...]:
@@ -320,16 +334,20 @@ def call_tool(t: Tool, raw_arguments: str, ctx: ToolContext) -> tuple[str, bool]
         result = {"error": f"invalid arguments: {e}"}
     except SandboxLost:
         raise
-    except Exception as e:  # the model's call broke the tool: it sees why and may try again
+    except (Exception, SystemExit) as e:  # the model's call broke the tool: it sees why and may try again
         result = {"error": f"{type(e).__name__}: {e}"}
     ok = not (isinstance(result, dict) and result.get("error"))
     if isinstance(result, dict):  # cap inside the values so the result stays valid JSON
         limit = ctx.settings.max_output_chars
         result = {k: cap_output(ctx.redact(v), limit) if isinstance(v, str) else v for k, v in result.items()}
-    return scrub(ctx.redact(json.dumps(result, ensure_ascii=False))), ok
+    try:
+        text = json.dumps(result, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:  # a tool's bug the model sees, as an exception
+        text, ok = json.dumps({"error": f"the tool returned something that is not JSON: {_short(e)}"}), False
+    return scrub(ctx.redact(text)), ok
 
 
-def _short(e: Exception) -> str:
+def _short(e: BaseException) -> str:
     return "nested too deeply" if isinstance(e, RecursionError) else str(e)
 
 

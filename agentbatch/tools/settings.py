@@ -3,7 +3,7 @@
 A tool reads its settings from `ctx.settings`, never from the environment: credentials were withdrawn
 from it (secrets_guard) and travel to the workers inside this object, and a setting that cannot be read
 (`WEB_TIMEOUT=3O`, `WEB_SEARCH_BACKEND=tavly`) stops the run at start instead of failing every call.
-The README's "Toolsets and distributions" section lists the variables.
+docs/toolsets.md lists the variables.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from agentbatch.errors import FatalError
 
@@ -20,6 +21,8 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 SEARCH_BACKENDS = {"tavily": "TAVILY_API_KEY", "brave": "BRAVE_API_KEY", "searxng": "SEARXNG_URL"}
 PRIVATE_URLS_VAR = "BATCH_RUNNER_ALLOW_PRIVATE_URLS"
 _TRUE = {"1", "true", "yes", "on", "all"}
+_WEEK = 7 * 24 * 3600.0
+_GIB = 1 << 30
 _FALSE = {"", "0", "false", "no", "off", "none"}
 
 
@@ -56,19 +59,44 @@ class ToolSettings:
             return None
         return "no web search backend configured: set " + ", ".join(SEARCH_BACKENDS.values())
 
+    def image_endpoint(self, base_url: str, api_key: str) -> tuple[str, str] | None:
+        """(URL, key) of the images endpoint when it is not the run's own (`base_url`); None when it is.
+
+        A key goes only where it belongs: the run's key (`api_key`) to the run's origin (scheme, host and
+        port), IMAGE_API_KEY to --image_base_url. Another origin without IMAGE_API_KEY gets no key; to send
+        it the run's key, the user sets IMAGE_API_KEY to it.
+        """
+        url = self.image_base_url or base_url
+        if self.image_api_key:
+            return url, self.image_api_key
+        if _origin(url) == _origin(base_url):
+            return None if url == base_url else (url, api_key)
+        return url, ""
+
     def secrets(self) -> tuple[str, ...]:
         """The credentials held here, for redaction."""
         return tuple(s for s in (self.image_api_key, self.search_credential) if s)
 
 
-def _positive(kind: Callable[[str], Any]) -> Callable[[str, str], Any]:
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return (
+        parts.scheme.lower(),
+        (parts.hostname or "").lower(),
+        parts.port or {"http": 80, "https": 443}.get(parts.scheme),
+    )
+
+
+def _positive(kind: Callable[[str], Any], maximum: float) -> Callable[[str, str], Any]:
+    """A number above 0 and at most `maximum` ("nan", "inf" and 1e999 are none: they would fail every call)."""
+
     def parse(name: str, text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or value <= 0:
-            raise FatalError(f"{name} must be a positive number, got {text!r}")
+        if value is None or not 0 < value <= maximum:
+            raise FatalError(f"{name} must be a number above 0 and at most {maximum:.15g}, got {text!r}")
         return value
 
     return parse
@@ -91,10 +119,10 @@ def _choice(*allowed: str) -> Callable[[str, str], str]:
 ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TAVILY_BASE_URL": ("tavily_base_url", _text),
     "BRAVE_BASE_URL": ("brave_base_url", _text),
-    "WEB_TIMEOUT": ("web_timeout", _positive(float)),
-    "WEB_EXTRACT_MAX_BYTES": ("web_extract_max_bytes", _positive(int)),
-    "WEB_EXTRACT_MAX_URLS": ("web_extract_max_urls", _positive(int)),
-    "VISION_MAX_IMAGE_BYTES": ("vision_max_image_bytes", _positive(int)),
+    "WEB_TIMEOUT": ("web_timeout", _positive(float, _WEEK)),
+    "WEB_EXTRACT_MAX_BYTES": ("web_extract_max_bytes", _positive(int, _GIB)),
+    "WEB_EXTRACT_MAX_URLS": ("web_extract_max_urls", _positive(int, 1000)),
+    "VISION_MAX_IMAGE_BYTES": ("vision_max_image_bytes", _positive(int, _GIB)),
     "IMAGE_MODEL": ("image_model", _text),
     "IMAGE_API_KEY": ("image_api_key", _text),
     "IMAGE_RESPONSE_FORMAT": ("image_response_format", _choice("url", "b64_json")),

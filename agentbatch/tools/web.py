@@ -1,7 +1,7 @@
 """The web toolset: web_search through a configured search service, web_extract of public pages as text.
 
-web_search is left out of the offered tools when no backend is configured (README, "Toolsets and
-distributions", lists the variables that configure one); web_extract is always offered and checks every
+web_search is left out of the offered tools when no backend is configured (docs/toolsets.md lists the variables
+that configure one); web_extract is always offered and checks every
 redirect hop against the private-address policy (url_policy.py). Search service URLs are the operator's own
 configuration and are not subject to that policy.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import math
 import re
 import time
 from collections.abc import Callable
@@ -96,8 +97,12 @@ def web_search(
     s = ctx.settings
     if s.search_backend is None:
         return {"results": [], "error": s.search_unavailable}
+    from agentbatch import http_deadline
+
+    left = ctx.limits.time_left()  # every attempt and pause of the search ends by the prompt's deadline
     try:
-        results = BACKENDS[s.search_backend](s, query.strip(), n, _timeout(ctx))
+        with http_deadline.deadline(left) if left is not None else contextlib.nullcontext():
+            results = BACKENDS[s.search_backend](s, query.strip(), n, _timeout(ctx))
     except WebError as e:
         return {"results": [], "error": f"{s.search_backend} search failed: {e}"}
     return {"results": results, "error": None}
@@ -106,7 +111,8 @@ def web_search(
 def _send(method: str, url: str, timeout: float, **kwargs) -> dict:
     """One JSON API call, retrying rate limits, server errors and dropped connections a couple of times.
 
-    Each attempt ends within `timeout` however slowly the service answers (http_deadline).
+    Each attempt ends within `timeout` however slowly the service answers, and all of them by the deadline
+    the caller set, if any (http_deadline): no retry starts that could not finish before it.
     """
     import httpx
 
@@ -119,12 +125,10 @@ def _send(method: str, url: str, timeout: float, **kwargs) -> dict:
             with http_deadline.client(timeout=timeout) as client, http_deadline.deadline(timeout):
                 resp = client.request(method, url, **kwargs)
         except httpx.HTTPError as e:
-            if last:
+            if last or not _pause(2**attempt):
                 raise WebError(f"{type(e).__name__}: {e}") from None
-            time.sleep(2**attempt)
             continue
-        if (resp.status_code == 429 or resp.status_code >= 500) and not last:
-            time.sleep(_retry_after(resp, 2**attempt))
+        if (resp.status_code == 429 or resp.status_code >= 500) and not last and _pause(_retry_after(resp, 2**attempt)):
             continue
         if resp.status_code >= 400:
             raise WebError(f"HTTP {resp.status_code}: {resp.text[:300].strip()}")
@@ -138,11 +142,23 @@ def _send(method: str, url: str, timeout: float, **kwargs) -> dict:
     raise AssertionError("unreachable")
 
 
+def _pause(seconds: float) -> bool:
+    """Sleep before a retry, unless the caller's deadline comes first (then False: no retry)."""
+    from agentbatch import http_deadline
+
+    left = http_deadline.remaining()
+    if left is not None and left <= seconds:
+        return False
+    time.sleep(seconds)
+    return True
+
+
 def _retry_after(resp: httpx.Response, default: float) -> float:
     try:
-        return min(max(float(resp.headers.get("retry-after", default)), 0.0), 10.0)
+        seconds = float(resp.headers.get("retry-after", default))
     except ValueError:
         return default
+    return min(max(seconds, 0.0), 10.0) if math.isfinite(seconds) else default  # "nan" is no number of seconds
 
 
 def _result(title, url, description) -> dict:

@@ -1,0 +1,200 @@
+"""A Harbor task directory read and checked: its instruction, config, identity and build context.
+
+    my-task/
+      instruction.md      the prompt
+      task.toml           its config (task_config.py)
+      environment/        the build context: Dockerfile, or docker-compose.yaml (unless [environment] docker_image)
+      tests/test.sh       the verifier, copied to /tests after the agent
+      solution/solve.sh   the reference solution, copied to /solution for an oracle run
+
+Everything wrong with a task is a `TaskError` with a one-line reason; the loader skips that task and says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+from agentbatch.harbor.task_config import TaskConfig, TaskError, parse
+
+INSTRUCTION, CONFIG, ENVIRONMENT, TESTS, SOLUTION = "instruction.md", "task.toml", "environment", "tests", "solution"
+TEST_SCRIPT, SOLVE_SCRIPT = "tests/test.sh", "solution/solve.sh"
+DOCKERFILE, COMPOSE_FILES = "Dockerfile", ("docker-compose.yaml", "docker-compose.yml")
+MAX_CONTEXT_BYTES = 1024**3  # a build context (environment/) over this is refused: docs/harbor.md
+MAX_INSTRUCTION_CHARS = 1_000_000
+IMAGE_REPOSITORY = "br-harbor"
+# Canary lines (benchmark provenance markers) that open an instruction are not shown to the agent, as in Harbor.
+_CANARY = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
+
+
+@dataclass
+class HarborTask:
+    """One task directory, checked: what a dataset entry and its sandbox need."""
+
+    path: str  # absolute, symlinks resolved
+    name: str
+    instruction: str
+    config: TaskConfig
+    files_hash: str  # every file of the task: an edited task is another task
+    context_hash: str | None  # environment/ alone: the image's tag
+    compose_file: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def identity(self) -> str:
+        """What resume matches a finished sample to: the task's name and a hash of its files."""
+        return f"harbor:{self.name}:{self.files_hash[:32]}"
+
+    @property
+    def metadata(self) -> dict:
+        """The trajectory line's task metadata."""
+        c = self.config
+        return {"name": self.name, "difficulty": c.difficulty, "category": c.category, "tags": list(c.tags)}
+
+    @property
+    def image(self) -> str:
+        """The container image: [environment] docker_image as is, else the one built from environment/."""
+        if self.config.docker_image:
+            return self.config.docker_image
+        return f"{IMAGE_REPOSITORY}/{safe_name(self.name)}:{self.context_hash[:20]}"
+
+    @property
+    def builds(self) -> bool:
+        """Whether the run builds this task's image from its Dockerfile."""
+        return not self.config.docker_image and self.compose_file is None
+
+    def file(self, relative: str) -> str:
+        return os.path.join(self.path, relative)
+
+
+def safe_name(name: str) -> str:
+    """A task name as one component of an image name: lower case, [a-z0-9._-], starting alphanumeric."""
+    safe = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "task"
+    return safe[:100]
+
+
+def is_task_dir(path: str) -> bool:
+    """A directory that means to be a task: it has instruction.md or task.toml."""
+    return os.path.isfile(os.path.join(path, INSTRUCTION)) or os.path.isfile(os.path.join(path, CONFIG))
+
+
+def load(path: str) -> HarborTask:
+    """Read and check one task directory; TaskError with the reason if it cannot run."""
+    root = os.path.realpath(path)
+    for required in (INSTRUCTION, CONFIG):
+        if not os.path.isfile(os.path.join(root, required)):
+            raise TaskError(f"not a task directory: no {required}")
+    cfg, warnings = parse(_read_text(root, CONFIG))
+    instruction = strip_canary(_read_text(root, INSTRUCTION))
+    if not instruction.strip():
+        raise TaskError("instruction.md is empty")
+    if len(instruction) > MAX_INSTRUCTION_CHARS:
+        raise TaskError(f"instruction.md is {len(instruction)} characters, over the limit of {MAX_INSTRUCTION_CHARS}")
+    if "\x00" in instruction:
+        raise TaskError("instruction.md contains a NUL character")
+    if not os.path.isfile(os.path.join(root, TEST_SCRIPT)) or os.path.islink(os.path.join(root, TEST_SCRIPT)):
+        raise TaskError(f"no {TEST_SCRIPT}: the task has no verifier")
+    env_dir = os.path.join(root, ENVIRONMENT)
+    compose = next((f for f in COMPOSE_FILES if os.path.isfile(os.path.join(env_dir, f))), None)
+    has_dockerfile = os.path.isfile(os.path.join(env_dir, DOCKERFILE))
+    context_hash = None
+    if not cfg.docker_image:
+        if not has_dockerfile and not compose:
+            raise TaskError(
+                f"no {ENVIRONMENT}/{DOCKERFILE}, {ENVIRONMENT}/{COMPOSE_FILES[0]} or [environment] docker_image"
+            )
+        size = tree_size(env_dir)
+        if size > MAX_CONTEXT_BYTES:
+            raise TaskError(
+                f"the build context {ENVIRONMENT}/ holds {size} bytes, over the limit of {MAX_CONTEXT_BYTES} (1 GiB)"
+            )
+    files_hash = tree_hash(root)  # also refuses a symlink that leads out of the task
+    if not cfg.docker_image:
+        context_hash = tree_hash(env_dir, inside=root)
+    name = cfg.name or os.path.basename(root)
+    return HarborTask(
+        root,
+        name,
+        instruction,
+        cfg,
+        files_hash,
+        context_hash,
+        os.path.join(ENVIRONMENT, compose) if compose and not cfg.docker_image else None,
+        warnings,
+    )
+
+
+def strip_canary(text: str) -> str:
+    """The instruction without the canary comment lines (and blank lines) that open it."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines) and _CANARY.match(lines[i].strip()):
+        i += 1
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    return "\n".join(lines[i:])
+
+
+def _read_text(root: str, name: str) -> str:
+    path = os.path.join(root, name)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise TaskError(f"cannot read {name}: {e.strerror}") from None
+    try:
+        return raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{name} is not valid UTF-8 (byte {e.start})") from None
+
+
+def _walk(root: str):
+    """(relative path, lstat) of everything under root, sorted, never following a symlink."""
+    for top, dirs, files in os.walk(root, followlinks=False):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            full = os.path.join(top, name)
+            yield os.path.relpath(full, root), os.lstat(full)
+
+
+def tree_hash(root: str, inside: str | None = None) -> str:
+    """sha256 over every path, file content, executable bit and symlink target under root.
+
+    A symlink must lead inside `inside` (the task directory; default root): one leading out is refused.
+    """
+    inside = os.path.realpath(inside or root)
+    digest = hashlib.sha256()
+    for rel, st in _walk(root):
+        full = os.path.join(root, rel)
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(full)
+            real = os.path.realpath(full)
+            if real != inside and not real.startswith(inside + os.sep):
+                shown = os.path.relpath(full, inside)
+                raise TaskError(f"{shown} is a symlink to {target}, outside the task directory")
+            digest.update(f"L\0{rel}\0{target}\n".encode())
+        elif stat.S_ISDIR(st.st_mode):
+            digest.update(f"D\0{rel}\n".encode())
+        elif stat.S_ISREG(st.st_mode):
+            digest.update(f"F\0{rel}\0{bool(st.st_mode & 0o111)}\0{_file_hash(full)}\n".encode())
+        else:
+            raise TaskError(f"{os.path.relpath(full, inside)} is not a regular file, directory or symlink")
+    return digest.hexdigest()
+
+
+def tree_size(root: str) -> int:
+    return sum(st.st_size for _, st in _walk(root) if stat.S_ISREG(st.st_mode))
+
+
+def _file_hash(path: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as e:
+        raise TaskError(f"cannot read {path}: {e.strerror}") from None
+    return digest.hexdigest()

@@ -1,0 +1,101 @@
+"""How a sample's call of an MCP tool reaches its server, in a worker.
+
+- A stdio server that is not shared is started inside the sample's sandbox at the sample's first call
+  of one of its tools, and ends with the sample (ToolContext's cleanups run before its sandbox goes).
+  If it dies, that call fails, and so does every later call of it in that sample; the next sample starts
+  its own.
+- A shared stdio server runs once per worker on the host, and a URL server has one connection per
+  worker; either is started (connected) at its first call, and again at the next call after it died.
+
+Every call waits at most the command timeout (`--command_timeout`), and never past the sample's deadline.
+What the model sees is the server's result, or `{"error": ...}` saying why there is none.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from agentbatch.mcp import host, schemas
+from agentbatch.mcp.config import ServerConfig
+from agentbatch.mcp.connection import Connection, ServerError
+from agentbatch.sandboxes.base import Process, Sandbox, SandboxError
+from agentbatch.tools.context import ToolContext
+
+_RESOURCE = "mcp_connections"
+
+
+class Shared:
+    """This worker's connections to shared and URL servers, each started at its first call and after it died."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._connections: dict[str, Connection] = {}
+
+    def get(self, server: ServerConfig, timeout: float) -> Connection:
+        with self._lock:
+            lock = self._locks.setdefault(server.name, threading.Lock())
+        with lock:  # one start per server, the other samples wait for it
+            connection = self._connections.get(server.name)
+            if connection is not None and connection.alive:
+                return connection
+            if connection is not None:
+                connection.close()
+            connection = Connection(server, host.start(server) if server.transport == "stdio" else None)
+            try:
+                connection.start(timeout)
+            finally:
+                self._connections[server.name] = connection
+            return connection
+
+    def close(self) -> None:
+        """End every connection and the servers they started."""
+        with self._lock:
+            connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            connection.close()
+
+
+SHARED = Shared()
+
+
+def call(ctx: ToolContext, server: ServerConfig, tool: schemas.McpTool, arguments: dict) -> dict:
+    """The model's call of one MCP tool: the server's result as JSON, or {"error": why there is none}."""
+    timeout = ctx.settings.command_timeout  # cut to the sample's time left
+    try:
+        if server.in_sandbox:
+            connection = _in_sample(ctx, server, timeout)
+        else:
+            connection = SHARED.get(server, timeout)
+        reply = connection.call(tool.remote_name, arguments, ctx.settings.command_timeout)
+    except ServerError as e:
+        return {"error": f"MCP server {server.name!r} {e}"}
+    except host.CommandNotFound as e:
+        return {"error": f"MCP server {server.name!r} cannot start: {e}"}
+    except OSError as e:
+        return {"error": f"MCP server {server.name!r} cannot start: {e.strerror or e}"}
+    except SandboxError as e:
+        return {"error": f"MCP server {server.name!r} cannot start in the sandbox: {e}"}
+    return schemas.result(reply)
+
+
+def start_in_sandbox(sandbox: Sandbox, server: ServerConfig) -> Process:
+    """The server's command started in a sandbox (in its working directory, or the config's `cwd`), with its `env`."""
+    assert server.command is not None
+    argv = [server.command, *server.args]
+    if server.cwd:
+        argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', server.cwd, *argv]
+    return sandbox.start(argv, env=dict(server.env))
+
+
+def _in_sample(ctx: ToolContext, server: ServerConfig, timeout: float) -> Connection:
+    """The sample's own connection to the server, started in its sandbox at the first call."""
+    connections: dict[str, Connection] | None = ctx.resources.get(_RESOURCE)
+    if connections is None:
+        connections = ctx.resources[_RESOURCE] = {}
+        ctx.on_cleanup(lambda: [c.close() for c in connections.values()])
+    connection = connections.get(server.name)
+    if connection is None:
+        connection = connections[server.name] = Connection(server, start_in_sandbox(ctx.sandbox(), server))
+        connection.start(timeout)
+    return connection

@@ -1,0 +1,53 @@
+"""The report flags: the report of an existing run (and runs beside it), or the one written at the end of a session."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from agentbatch.errors import FatalError
+from agentbatch.report import COMPARE_FILE, REPORT_FILE
+from agentbatch.report.build import Written, require_runs, write_report
+from agentbatch.report.collect import resolve
+
+
+def report_only(f: dict[str, Any], secrets: tuple[str, ...]) -> int:
+    """`--run_name=NAME --report` (or `--compare=...`) without a dataset: write it as the run is now, and exit.
+
+    Lines were redacted when written; `secrets` (this environment's credentials) are taken out again."""
+    if f["run_name"] is None:
+        raise FatalError("--report needs --run_name: the run to report on (data/<run_name>/)")
+    write(f, secrets)
+    return 0
+
+
+def after_session(f: dict[str, Any], secrets: tuple[str, ...], code: int) -> int:
+    """The report asked for with a run, written once its session has ended (not after Ctrl-C or a write failure)."""
+    if code not in (0, 3, 4):
+        print(
+            "report skipped: the session did not finish; write it later with --run_name and --report", file=sys.stderr
+        )
+        return code
+    write(f, secrets)
+    return code
+
+
+def write(f: dict[str, Any], secrets: tuple[str, ...]) -> list[Written]:
+    run = resolve(f["output_dir"], f["run_name"])
+    others = [resolve(f["output_dir"], name) for name in f["compare"]]
+    require_runs([run, *others])  # before anything is written
+    done = []
+    if f["report"]:
+        done.append(write_report([run], run / REPORT_FILE, secrets))
+    if others:
+        done.append(write_report([run, *others], run / COMPARE_FILE, secrets))
+    for w in done:
+        print(_summary(w), file=sys.stderr)
+    return done
+
+
+def _summary(w: Written) -> str:
+    skipped = (
+        f"; {w.skipped} lines skipped (torn or not records: see its Discards & failures view)" if w.skipped else ""
+    )
+    return f"report: {w.path} ({w.items} lines shown, {w.bytes / 1e6:.1f} MB, {w.seconds:.1f} s){skipped}"

@@ -1,0 +1,165 @@
+"""Writing a run directory: one flushed line per finished sample, and atomic replaces of its JSON files.
+
+The parent process is the only writer (the session's lock keeps a second session out). Lines this session
+appends and its caller accounts for are remembered, so the merge copies them without reading them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+from agentbatch.record_shape import trajectory_problem
+from agentbatch.run_dir import atomic
+from agentbatch.run_dir.paths import DISCARDED, FAILED, TOOLS, RunPaths
+from agentbatch.secrets_guard import Redactor
+from agentbatch.surrogates import scrub
+from agentbatch.tool_set import ToolSet
+from toolset_distributions import ALL_TOOL_NAMES
+from trajectory import VALUE_KINDS, shown_kinds, unknown_tools
+
+
+class RunFiles:
+    """The run directory as its session writes it."""
+
+    def __init__(self, run_dir: str, secrets: tuple[str, ...] = ()):
+        self.paths = RunPaths(run_dir)
+        self.dir = self.paths.dir
+        self.redact = Redactor(secrets)
+        self._handles: dict[str, object] = {}
+        # Path → offset → length of the lines this session appended and its caller
+        # accounted for: the merge copies them as they are instead of reading each back (see append).
+        self.accounted: dict[str, dict[int, int]] = {}
+        # Path → VALUE_KINDS → offset of the first accounted line there showing it: what the merge's search
+        # for lead entries would find in a file this session wrote alone, known without reading it.
+        self.kind_lines: dict[str, dict[str, int]] = {}
+        self.use_tools(ALL_TOOL_NAMES)
+
+    def use_tools(self, names: tuple[str, ...]) -> None:
+        """The run's tools (tools.json): every line gets their entries; a line calling another is not kept."""
+        self.tool_names, self.known_tools = tuple(names), frozenset(names)
+
+    def prepare(self) -> None:
+        """Create the directory and cut torn last lines a kill left in the files we append to."""
+        os.makedirs(self.dir, exist_ok=True)
+        for name in (FAILED, DISCARDED):
+            _cut_torn_tail(self.paths.path(name))
+
+    def append(self, path: str, obj: dict, kept: bool = False) -> bool:
+        """Write one line and flush it, so a kill never loses a finished sample.
+
+        With `kept` (a trajectory for a batch file), returns True when the line is `obj` exactly as the merge
+        would read it back and keep it: the caller then counts it in the merge's statistics itself, and the
+        merge copies the line without parsing it (a merge of this session's lines was ~0.2 ms a line).
+        """
+        text = _dumps(obj)
+        # No secret, whatever a tool or endpoint echoed, and no lone surrogate, which UTF-8 cannot hold and whose
+        # JSON escape would make the whole file unloadable in `datasets`.
+        written = scrub(self.redact(text))
+        line = written + "\n"
+        f = self._handles.get(path)
+        if f is None:
+            f = self._handles[path] = open(path, "a", encoding="utf-8")
+        size = os.fstat(f.fileno()).st_size
+        try:
+            f.write(line)
+            f.flush()
+        except OSError:
+            # Disk full or gone: cut the half-written line, so every line in the file stays whole.
+            del self._handles[path]
+            with contextlib.suppress(OSError):
+                f.close()
+            with contextlib.suppress(OSError):
+                os.truncate(path, size)
+            raise
+        # A redacted line, one with a lone surrogate (written as U+FFFD), or one the merge filters is read back
+        # like any other.
+        if (
+            not kept
+            or written is not text
+            or trajectory_problem(obj) is not None
+            or unknown_tools(obj["conversations"], self.known_tools)
+        ):
+            return False
+        length = os.fstat(f.fileno()).st_size - size
+        self.accounted.setdefault(path, {})[size] = length
+        firsts = self.kind_lines.setdefault(path, {})
+        if len(firsts) < len(VALUE_KINDS):
+            for kind in shown_kinds(obj).difference(firsts):
+                firsts[kind] = size
+        return True
+
+    def sync(self) -> None:
+        """fsync the open files (done at checkpoints, so power loss costs seconds, not hours)."""
+        for f in self._handles.values():
+            os.fsync(f.fileno())
+
+    def close(self) -> None:
+        for f in self._handles.values():
+            f.close()
+        self._handles.clear()
+
+    def write_json(self, name: str, obj: dict) -> None:
+        """Replace a JSON file of the run atomically, redacted and without lone surrogates as every line."""
+        text = scrub(self.redact(json.dumps(obj, indent=2, ensure_ascii=False)))
+        atomic.write_text(self.paths.path(name), text + "\n")
+
+
+def recorded_tools(paths: RunPaths) -> ToolSet | None:
+    """The tool set the run recorded (tools.json); None for a run from before it was kept, or a file not of it."""
+    return ToolSet.from_record(read_json(paths.path(TOOLS)))
+
+
+def read_json(path: str) -> dict | None:
+    """A JSON object file; None if it is missing, unreadable or anything but an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _dumps(obj: dict) -> str:
+    """json.dumps(obj, ensure_ascii=False), with a trailing `tools` text (a trajectory's schemas) escaped once."""
+    tools = obj.get("tools")
+    if not isinstance(tools, str) or next(reversed(obj)) != "tools":
+        return json.dumps(obj, ensure_ascii=False)
+    # The schemas are ~80 % of a trajectory line and one of a few texts per run: escaping them again for
+    # every line was most of the runner's own time per prompt.
+    token = _tools_tokens.get(tools)
+    if token is None:
+        if len(_tools_tokens) >= 256:
+            _tools_tokens.clear()
+        token = _tools_tokens[tools] = json.dumps(tools, ensure_ascii=False)
+    rest = json.dumps({k: v for k, v in obj.items() if k != "tools"}, ensure_ascii=False)
+    return f'{rest[:-1]}, "tools": {token}}}' if len(rest) > 2 else f'{{"tools": {token}}}'
+
+
+_tools_tokens: dict[str, str] = {}
+
+
+def _cut_torn_tail(path: str) -> None:
+    """Drop a last line without its newline (a write cut by a kill), so the next append starts clean."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return
+            pos = size
+            while pos > 0:
+                step = min(65536, pos)
+                f.seek(pos - step)
+                chunk = f.read(step)
+                i = chunk.rfind(b"\n")
+                if i >= 0:
+                    f.truncate(pos - step + i + 1)
+                    return
+                pos -= step
+            f.truncate(0)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,124 @@
+"""One sample of a prompt, start to finish, in a worker: sandbox, setup, agent loop, check, trajectory, filters."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, replace
+
+from agentbatch import verification
+from agentbatch.agent_loop import run_agent
+from agentbatch.limits import SampleLimits
+from agentbatch.model import registry as models
+from agentbatch.model.base import Model, ModelCallError
+from agentbatch.model.client import ModelClient
+from agentbatch.model.usage import Usage
+from agentbatch.sandboxes import registry as sandbox_backends
+from agentbatch.sandboxes.base import SandboxError, SandboxSpec
+from agentbatch.secrets_guard import Redactor
+from agentbatch.tools.context import ToolContext
+from agentbatch.tools.registry import offered_tools
+from agentbatch.work import RunConfig, SampleOutcome, SampleTask, now_iso
+from trajectory import build_record, has_think_block
+
+
+@dataclass
+class Clients:
+    """A worker's models, shared by its slots: the run's (model.registry), and the images endpoint's if another."""
+
+    chat: Model
+    images: Model
+
+    @classmethod
+    def for_config(cls, cfg: RunConfig) -> Clients:
+        chat = models.make(cfg.model)
+        images = cfg.tools.image_endpoint(cfg.model.base_url, cfg.model.api_key)
+        if images is None:
+            return cls(chat, chat)
+        return cls(chat, ModelClient(replace(cfg.model, base_url=images[0], api_key=images[1])))
+
+
+# --require_pass: why a sample that did not pass was discarded, by its check's status.
+DISCARD_REASONS = {"failed": "check_failed", "timeout": "check_timeout", "error": "check_error", "none": "no_check"}
+
+
+def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutcome:
+    """Run one prompt; never raises: every problem becomes a failed outcome with its reason."""
+    start = time.monotonic()
+    usage = Usage(prices=cfg.prices)
+    outcome = SampleOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
+    ctx = None
+    harbor = task.harbor
+    try:
+        spec = SandboxSpec(
+            cfg.sandbox,
+            image=task.image,
+            cwd=task.cwd,
+            run_name=cfg.run_name,
+            labels=dict(cfg.sandbox_labels),
+            resources=harbor.resources() if harbor else None,
+        )
+        if harbor:
+            harbor.check_unavailable()  # its image could not be built: fails before any model call
+        sandbox_backends.get(spec.kind).prepare(spec)  # before any model call: an absent image costs no tokens
+        prompt_limits = replace(cfg.limits, seconds=harbor.prompt_timeout) if harbor else cfg.limits
+        limits = SampleLimits(prompt_limits, usage)  # the time limit counts from here, after the image check
+        ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
+        if task.setup:  # before any model call too: a task whose files cannot be made costs no tokens
+            verification.run_setup(ctx, task.setup, cfg.check_timeout)
+        if harbor:
+            harbor.before_agent(ctx.sandbox(), cfg.model.model)
+        tools = offered_tools(task.toolsets, cfg.tools)
+        result = run_agent(
+            task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
+        )
+        if ctx.sandbox_error is not None:
+            raise ctx.sandbox_error
+        # In the same sandbox, before ctx.close() removes it.
+        if harbor:
+            check = harbor.check(ctx.sandbox())
+        else:
+            check = verification.run_check(
+                ctx, task.verify, task.answers, verification.last_message(result.messages), cfg.check_timeout
+            )
+        record = build_record(
+            prompt_index=task.index,
+            messages=result.messages,
+            batch_num=task.batch_num,
+            timestamp=now_iso(),
+            model=cfg.model.model,
+            completed=result.completed,
+            partial=result.partial,
+            stop_reason=result.stop_reason,
+            api_calls=result.api_calls,
+            toolsets=task.toolsets,
+            usage=usage.as_dict(),
+            tool_schemas=result.tool_schemas,
+            sample_index=task.sample_index,
+            outcome=check.fields(),
+            identity=task.identity,
+            tool_names=cfg.tool_set.names,
+            task=task.metadata,
+            duration_seconds=time.monotonic() - start,
+        )
+        outcome.record = record
+        if cfg.require_reasoning and not any(
+            has_think_block(t["value"]) for t in record["conversations"] if t["from"] == "gpt"
+        ):
+            outcome.status, outcome.error = "discarded", "no_reasoning"
+        elif cfg.require_pass and not check.passed:
+            outcome.status, outcome.error = "discarded", DISCARD_REASONS[check.status]
+        else:
+            outcome.status = "done"
+    except (ModelCallError, SandboxError) as e:
+        outcome.error = str(e)
+    except Exception as e:  # a bug of ours fails this prompt, loudly, but never the run
+        outcome.error = f"internal error: {type(e).__name__}: {e}"
+        if cfg.verbose:
+            outcome.error += "\n" + traceback.format_exc()
+    finally:
+        if ctx is not None:
+            ctx.close(interrupted=outcome.status == "failed")
+        outcome.usage = usage.as_dict()
+        outcome.seconds = time.monotonic() - start
+    return outcome

@@ -1,0 +1,405 @@
+"""The docker backend's sandbox: one labelled container per sample, driven through the docker SDK.
+
+A container runs an idle shell loop as PID 1; every command is a `docker exec` of `sh -c` (bash when the
+image has it) in the working directory, with a deadline enforced from the host. Files move through the
+archive API, so reading and writing work in images that hold no tools at all. The working directory is
+the row's `cwd`, else the image's WORKDIR, else /workspace; Docker creates it if absent.
+
+Every exec carries a tag of its own in its environment (TAG_VAR). At a command's timeout, or when a
+long-lived process is killed, everything it started goes: what carries its tag (a `setsid` or `nohup`
+process, a double fork), what is in its session, what descends from either, and what was orphaned since
+it started without any tag (a process that cleared its environment). Other execs' processes stay.
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import re
+import tarfile
+import time
+import uuid
+
+import docker.errors
+
+from agentbatch.sandboxes.base import (
+    MAX_FILE_BYTES,
+    RUN_LABEL,
+    SANDBOX_ENV,
+    ExecResult,
+    Resources,
+    SandboxError,
+    SandboxLost,
+    SandboxSpec,
+)
+from agentbatch.sandboxes.docker_engine import ENGINE_ERRORS, client, message, remove
+from agentbatch.sandboxes.docker_stream import ExecProcess, close, pump
+from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput
+
+DEFAULT_WORKDIR = "/workspace"
+# PID 1 must outlive every command yet exit on SIGTERM; only sh and sleep are assumed in the image.
+KEEPALIVE = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
+PROBE = "command -v bash 2>/dev/null || echo; id -u 2>/dev/null || echo 0; id -g 2>/dev/null || echo 0"
+# Of SANDBOX_ENV, what a container gets where its image sets none: LC_ALL and TERM name a locale and a
+# terminal the image may lack (bash and perl warn at every start about a missing LC_ALL locale).
+IMAGE_ENV = ("PATH", "LANG")
+TAG_VAR = "BR_EXEC_ID"
+_storage_refused: list[str] = []  # the engine said once that it cannot limit a container's disk: not asked again
+# Kills what one exec started ($1 its tag, $2 its shell's PID if known) with shell builtins and /proc only.
+# In /proc/N/stat the fields after ") " are: state ppid pgrp session ..., the 20th the start time. NUL
+# bytes of /proc/N/environ vanish in `read`, so a process's environment is read as one string.
+KILL = r"""[ -n "$1" ] || exit 0
+tag="BR_EXEC_ID=$1"; shell=$2; me=$$; since=""
+if [ -n "$shell" ]; then
+  if read -r l 2>/dev/null < "/proc/$shell/stat"; then set -- ${l##*") "}; since=${20}; fi
+  kill -9 -"$shell" 2>/dev/null
+fi
+pass=0
+while [ "$pass" -lt 20 ]; do
+  pass=$((pass + 1)); hit=" "; all=""
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$me" ] && continue
+    read -r l 2>/dev/null < "$d/stat" || continue
+    set -- ${l##*") "}
+    case $1 in Z|X) continue;; esac
+    all="$all $p:$2"
+    env=""
+    while read -r e || [ -n "$e" ]; do env="$env$e"; done 2>/dev/null < "$d/environ"
+    case "$env" in
+      *"$tag"*) hit="$hit$p ";;
+      *BR_EXEC_ID=*) ;;
+      *) if [ "$2" = 1 ] && [ -n "$since" ] && [ "${20}" -ge "$since" ]; then hit="$hit$p "; fi;;
+    esac
+    if [ -n "$shell" ] && [ "$4" = "$shell" ]; then hit="$hit$p "; fi
+  done
+  grown=1
+  while [ -n "$grown" ]; do
+    grown=""
+    for e in $all; do
+      case "$hit" in *" ${e%%:*} "*) continue;; esac
+      case "$hit" in *" ${e#*:} "*) hit="$hit${e%%:*} "; grown=1;; esac
+    done
+  done
+  [ "$hit" = " " ] && break
+  kill -9 $hit 2>/dev/null
+done
+true"""
+# A forced removal kills the command before the engine marks its container gone: how long a SIGKILLed
+# command waits for that mark before it counts as killed by something inside the container (OOM, say).
+LOST_SETTLE = 5.0
+_SYMLINK_BIT = 1 << 27  # Go's os.ModeSymlink, as the archive API reports it
+_DIR_BIT = 1 << 31  # Go's os.ModeDir
+
+
+def _new_tag() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def container_name(run_name: str) -> str:
+    """A unique, Docker-valid container name that shows which run made it."""
+    safe = re.sub(r"[^a-zA-Z0-9_.-]+", "-", run_name).strip("-.")[:40] or "run"
+    return f"br-{safe}-{uuid.uuid4().hex[:10]}"
+
+
+def _limits(spec: SandboxSpec) -> tuple[dict, bool]:
+    """The container's limits and whether it has a network: the run's flags, the sample's own resources over them."""
+    s, r = spec.settings, spec.resources or Resources()
+    limits: dict = {}
+    memory = f"{r.memory_mb}m" if r.memory_mb else s.memory
+    if memory:
+        limits.update(mem_limit=memory, memswap_limit=memory)  # no swap beyond the limit
+    cpus = r.cpus or s.cpus
+    if cpus:
+        limits["nano_cpus"] = int(cpus * 1e9)
+    if s.pids:
+        limits["pids_limit"] = int(s.pids)
+    if r.storage_mb:
+        limits["storage_opt"] = {"size": f"{int(r.storage_mb)}M"}
+    return limits, s.network and r.network is not False
+
+
+class DockerSandbox:
+    """One container for one prompt; started when constructed, force-removed by cleanup()."""
+
+    def __init__(self, spec: SandboxSpec):
+        engine = client()
+        self.spec = spec
+        self.image = image = spec.image or spec.settings.docker_image
+        self.container_id: str | None = None
+        self._processes: list[ExecProcess] = []
+        try:
+            config = engine.images.get(image).attrs.get("Config") or {}
+        except ENGINE_ERRORS as e:
+            raise SandboxError(f"cannot inspect Docker image {image!r}: {message(e)}") from e
+        self.workdir = spec.cwd or config.get("WorkingDir") or DEFAULT_WORKDIR
+        user = config.get("User") or ""
+        image_env = {kv.split("=", 1)[0] for kv in config.get("Env") or []}
+        # Only these reach the container (on top of the image's own ENV): the runner's environment never does.
+        env = {k: SANDBOX_ENV[k] for k in IMAGE_ENV if k not in image_env}
+        if user.split(":")[0] in ("", "root", "0"):
+            env["HOME"] = "/root"
+        env.update(dict(spec.resources.env) if spec.resources else {})
+        labels = {**spec.labels, RUN_LABEL: spec.run_name}
+        limits, network = _limits(spec)
+        create = dict(
+            entrypoint=KEEPALIVE,
+            command=[],
+            name=container_name(spec.run_name),
+            working_dir=self.workdir,
+            environment=env,
+            labels=labels,
+            network_mode="bridge" if network else "none",
+            detach=True,
+            stdin_open=False,
+            tty=False,
+        )
+        try:
+            if _storage_refused:
+                limits.pop("storage_opt", None)
+            try:
+                container = engine.containers.create(image, **create, **limits)
+            except docker.errors.APIError as e:
+                # storage_opt size needs a driver that can enforce it (overlay2 on xfs with pquota, btrfs, zfs...)
+                if "storage_opt" not in limits or "storage-opt" not in message(e).lower():
+                    raise
+                _storage_refused.append(message(e))
+                limits.pop("storage_opt")
+                container = engine.containers.create(image, **create, **limits)
+        except ENGINE_ERRORS as e:
+            raise SandboxError(f"cannot create a container from {image!r}: {message(e)}") from e
+        self.container_id = container.id
+        try:
+            container.start()
+            self.shell, self._uid, self._gid = self._run_probe()
+            if self._uid != 0:
+                self._give_empty_workdir_to_user()
+        except ENGINE_ERRORS as e:
+            self.cleanup()
+            raise SandboxError(f"cannot start a container from {image!r}: {message(e)}") from e
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def _run_probe(self) -> tuple[str, int, int]:
+        """Which shell the image offers and whose files we write (so a non-root user can edit them)."""
+        result = self._exec(["sh", "-c", PROBE], timeout=30)
+        if result.exit_code != 0 or result.timed_out:
+            raise SandboxError(f"image {self.image!r} cannot run sh in its container: {result.output.strip()[:300]}")
+        lines = (result.output.splitlines() + ["", "0", "0"])[:3]
+        ids = [int(x) if x.strip().isdigit() else 0 for x in lines[1:]]
+        return lines[0].strip() or "sh", ids[0], ids[1]
+
+    def _give_empty_workdir_to_user(self) -> None:
+        """Docker creates a missing working directory as root; a non-root image user could not write there."""
+        script = f'[ -z "$(ls -A "$1" 2>/dev/null)" ] && chown {self._uid}:{self._gid} "$1"; true'
+        self._exec(["sh", "-c", script, "sh", self.workdir], timeout=30, user="0")
+
+    def exec(self, command: str, timeout: float) -> ExecResult:
+        """Run a shell command in the working directory; past the timeout it is killed with what it started."""
+        # The first line of output is the shell's PID (a session leader), so a timeout can kill what it started.
+        script = 'echo "$$"; exec 2>&1\n' + command
+        return self._exec([self.shell, "-c", script], timeout, tag=_new_tag())
+
+    def _exec(self, cmd: list[str], timeout: float, tag: str | None = None, user: str = "") -> ExecResult:
+        """Run cmd; with a tag, its first line is its PID, and at the timeout it goes with all it started."""
+        exec_id, sock = self._start_exec(cmd, tag=tag, user=user)
+        out = BoundedOutput()
+
+        def deliver(_stream: int, data: bytes) -> None:  # stdout and stderr, interleaved as they came
+            out.add(data)
+
+        try:
+            eof = pump(sock, time.monotonic() + max(float(timeout), 0.1), deliver)
+            pid = out.take_first_line() if tag else None
+            if not eof and tag:  # our own execs (the probe, a kill) are not killed: they start nothing
+                self._kill(tag, pid)
+                pump(sock, time.monotonic() + KILL_GRACE, deliver)
+        finally:
+            close(sock)
+        if not eof:
+            self._raise_if_lost()
+            return ExecResult(out.text(), -9, timed_out=True)
+        code = self._exit_code(exec_id)
+        if code < 0 or code == 137:  # SIGKILLed: by its own doing, or because its container went away
+            self._raise_if_lost(settle=LOST_SETTLE)
+        return ExecResult(out.text(), code)
+
+    def _start_exec(self, cmd: list[str], tag: str | None = None, user: str = "", stdin: bool = False, env=None):
+        """The exec's id and its attached connection; `tag` goes into its environment (TAG_VAR)."""
+        if not self.container_id:
+            raise SandboxError("the sandbox was already cleaned up")
+        api = client().api
+        environment = {**(env or {}), TAG_VAR: tag} if tag else None
+        try:
+            exec_id = api.exec_create(
+                self.container_id,
+                cmd,
+                stdout=True,
+                stderr=True,
+                stdin=stdin,
+                tty=False,
+                workdir=self.workdir,
+                user=user,
+                environment=environment,
+            )["Id"]
+            return exec_id, api.exec_start(exec_id, socket=True)
+        except ENGINE_ERRORS as e:
+            self._raise_if_lost(e)
+            raise SandboxError(f"the sandbox container cannot run commands: {message(e)}") from e
+
+    def start(self, argv: list[str], env: dict[str, str] | None = None) -> ExecProcess:
+        """A process in the container, an exec with stdin attached; it goes when killed or with the container."""
+        if not argv:
+            raise SandboxError("no command to start")
+        tag = _new_tag()
+        # Its PID first, on stderr, so that stdout carries nothing but what the process writes.
+        exec_id, sock = self._start_exec(
+            ["sh", "-c", 'echo "$$" >&2; exec "$@"', "sh", *argv], tag, stdin=True, env=env
+        )
+        process = ExecProcess(sock, lambda: self._exit_code(exec_id, wait=False), lambda pid: self._kill(tag, pid))
+        self._processes.append(process)
+        return process
+
+    def _exit_code(self, exec_id: str, wait: bool = True) -> int | None:
+        """The exec's exit code (-1 if the engine has none); `wait`: for a moment, else None while it runs."""
+        api = client().api
+        # The stream can close a moment before the engine records the exit code.
+        for _ in range(50 if wait else 1):
+            try:
+                info = api.exec_inspect(exec_id)
+            except ENGINE_ERRORS:  # the exec went with its container
+                return -1
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            if wait:
+                time.sleep(0.02)
+        return -1 if wait else None
+
+    def _raise_if_lost(self, cause: BaseException | None = None, settle: float = 0.0) -> None:
+        """Raise SandboxLost if the container was removed or stopped under the prompt (not by us).
+
+        With `settle`, a container still marked running is looked at again for that long first.
+        """
+        short = (self.container_id or "?")[:12]
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                state = client().api.inspect_container(self.container_id).get("State") or {}
+            except docker.errors.NotFound:
+                raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
+            except ENGINE_ERRORS:
+                return  # the engine cannot say: the caller reports what it saw
+            if state.get("Status") in ("removing", "dead"):
+                raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
+            if not state.get("Running"):
+                raise SandboxLost(
+                    f"the sandbox container {short} stopped while the prompt ran "
+                    f"({state.get('Status')}, exit code {state.get('ExitCode')})"
+                ) from cause
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
+
+    def _kill(self, tag: str, pid: str | None) -> None:
+        """Kill what the exec tagged `tag` started (see KILL); `pid`: its shell's, when it printed it."""
+        if not self.container_id:
+            return  # gone with its container
+        try:
+            self._exec(["sh", "-c", KILL, "sh", tag, pid if pid and pid.isdigit() else ""], timeout=10, user="0")
+        except SandboxError:
+            pass
+
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.workdir, path))
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        """A file's bytes (at most `limit`), symlinks followed; FileNotFoundError or IsADirectoryError as on a disk."""
+        full = self._path(path)
+        api = client().api
+        for _ in range(10):
+            try:
+                chunks, stat = api.get_archive(self.container_id, full)
+            except docker.errors.NotFound as e:
+                self._raise_if_lost(e)
+                raise FileNotFoundError(f"no such file in the sandbox: {full}") from None
+            except ENGINE_ERRORS as e:
+                raise OSError(f"cannot read {full}: {message(e)}") from e
+            mode = stat.get("mode", 0)
+            if mode & _SYMLINK_BIT and stat.get("linkTarget"):
+                _discard(chunks)
+                full = stat["linkTarget"]
+                continue
+            if mode & _DIR_BIT:
+                _discard(chunks)
+                raise IsADirectoryError(f"{full} is a directory")
+            if stat.get("size", 0) > MAX_FILE_BYTES:
+                _discard(chunks)
+                raise OSError(f"{full} is {stat['size']} bytes, over the {MAX_FILE_BYTES} byte limit")
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+                member = next((m for m in tar.getmembers() if m.isfile()), None)
+                if member is None:
+                    raise OSError(f"{full} is not a regular file")
+                return tar.extractfile(member).read(limit)
+        raise OSError(f"too many levels of symbolic links: {path}")
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Create or replace a file, making missing parent directories; owned by the image's user."""
+        full = self._path(path)
+        if full == "/":
+            raise IsADirectoryError("/ is a directory")
+        api = client().api
+        # Extract at the deepest directory that exists, so no existing path (a symlinked /lib, say) is replaced.
+        target, missing = posixpath.dirname(full), [posixpath.basename(full)]
+        while True:
+            try:
+                _put_archive(api, self.container_id, target, self._tar(missing, data))
+                return
+            except docker.errors.NotFound as e:
+                self._raise_if_lost(e)
+                if target == "/":
+                    raise OSError(f"cannot write {full}: the container has no root directory") from None
+                missing.insert(0, posixpath.basename(target))
+                target = posixpath.dirname(target)
+            except ENGINE_ERRORS as e:
+                raise OSError(f"cannot write {full}: {message(e)}") from e
+
+    def _tar(self, parts: list[str], data: bytes) -> bytes:
+        buf, now = io.BytesIO(), time.time()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for i in range(1, len(parts)):
+                info = tarfile.TarInfo("/".join(parts[:i]))
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                info.uid, info.gid, info.mtime = self._uid, self._gid, now
+                tar.addfile(info)
+            info = tarfile.TarInfo("/".join(parts))
+            info.size, info.mode = len(data), 0o644
+            info.uid, info.gid, info.mtime = self._uid, self._gid, now
+            tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    def confine(self, path: str) -> str:
+        """Any path: searches run inside the container, which is the confinement."""
+        return path
+
+    def cleanup(self) -> None:
+        """Force-remove the container and its anonymous volumes; never raises, safe to call twice."""
+        cid, self.container_id = self.container_id, None
+        if cid:
+            remove(cid)
+        processes, self._processes = self._processes, []
+        for process in processes:  # gone with the container: this closes their connections
+            process.kill()
+
+
+def _put_archive(api, container_id: str, path: str, data: bytes) -> None:
+    """APIClient.put_archive plus noOverwriteDirNonDir, so writing a file over a directory fails, not wipes it."""
+    params = {"path": path, "noOverwriteDirNonDir": "1"}
+    res = api._put(api._url("/containers/{0}/archive", container_id), params=params, data=data)
+    api._raise_for_status(res)
+
+
+def _discard(chunks) -> None:
+    close = getattr(chunks, "close", None)
+    if close:
+        close()

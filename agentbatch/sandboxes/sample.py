@@ -1,0 +1,46 @@
+"""One sample's sandbox from its first use to its end: made by its backend in a start slot, removed by it."""
+
+from __future__ import annotations
+
+import logging
+
+from agentbatch.sandboxes import registry
+from agentbatch.sandboxes.base import Backend, Sandbox, SandboxError, SandboxSpec
+from agentbatch.sandboxes.starts import start_slot
+
+log = logging.getLogger(__name__)
+
+
+class SampleSandbox:
+    """The sandbox of one sample: created on first use, cleaned up by close(), through the spec's backend."""
+
+    def __init__(self, spec: SandboxSpec):
+        self.spec = spec
+        self.backend: Backend = registry.get(spec.kind)
+        # Why the sandbox could not be made: the environment's fault, not the model's.
+        self.error: SandboxError | None = None
+        self._sandbox: Sandbox | None = None
+
+    def get(self, time_left: float | None = None) -> Sandbox:
+        """The sandbox, created now if need be once a start slot is free; TimeoutError if `time_left` passes first."""
+        if self._sandbox is None:
+            with start_slot(self.spec.settings.starts, time_left) as started:
+                if not started:
+                    raise TimeoutError("the prompt's time limit came while its sandbox waited to start")
+                try:
+                    self._sandbox = self.backend.create(self.spec)
+                except SandboxError as e:
+                    self.error = self.error or e
+                    raise
+        return self._sandbox
+
+    def close(self, interrupted: bool = False) -> None:
+        """Remove the sandbox, if one was made, and everything running in it; never raises."""
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            try:
+                self.backend.cleanup(sandbox, interrupted)
+            except Exception as e:  # a backend's bug; what it left, its reap removes
+                log.warning(
+                    "the %s backend failed to clean up a sandbox: %s: %s", self.backend.name, type(e).__name__, e
+                )

@@ -1,0 +1,93 @@
+"""What a session hands its workers and gets back: the run's settings, a sample to run, how it ended.
+
+Plain data, so the session, the executors and the workers share it without importing one another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from agentbatch.limits import PromptLimits
+from agentbatch.model.client import ModelSettings
+from agentbatch.model.usage import Prices
+from agentbatch.sandboxes.base import SandboxSettings
+from agentbatch.tool_set import ToolSet
+from agentbatch.tools.settings import ToolSettings
+
+
+@dataclass
+class RunConfig:
+    """Everything a worker needs to run prompts; built once by the parent from the flags."""
+
+    run_name: str
+    model: ModelSettings
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
+    max_turns: int = 10
+    limits: PromptLimits = field(default_factory=PromptLimits)
+    prices: Prices = field(default_factory=Prices)
+    system_prompt: str | None = None
+    prefill: list[dict] = field(default_factory=list)
+    require_reasoning: bool = True
+    require_pass: bool = False
+    check_timeout: float = 300.0
+    verbose: bool = False
+    log_prefix_chars: int = 100
+    # Every credential of the run: redacted from tool results before the endpoint sees them, and from logs.
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+    # The plug-in modules and files the run named (--plugins, --tools): every worker loads them at its start.
+    plugins: tuple[str, ...] = ()
+    # The run's toolsets and tools (the built-ins and its own; tool_set.py): each line's tool_stats has an
+    # entry for every tool of it, and a worker registers its MCP tools at its start (run_tools.install).
+    tool_set: ToolSet = field(default_factory=ToolSet)
+    # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
+    sandbox_labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SampleTask:
+    """A sample to run: its prompt's dataset position, its sample number, batch, toolsets, sandbox and check."""
+
+    index: int
+    prompt: str
+    batch_num: int
+    toolsets: list[str]
+    image: str | None = None
+    cwd: str | None = None
+    sample_index: int = 0
+    setup: str | None = None
+    verify: str | None = None
+    answers: tuple[str, ...] = ()
+    identity: str = ""  # the row's (dataset.task_identity), on every line the sample writes
+    metadata: dict | None = None  # a Harbor task's name, difficulty, category and tags: the line's `task`
+    harbor: object | None = None  # a Harbor task's limits, tests and solution (harbor/sample.py HarborSample)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """What tells this sample from the others in flight: (prompt index, sample index)."""
+        return self.index, self.sample_index
+
+
+@dataclass
+class SampleOutcome:
+    """How a prompt ended: "done" with a record, "discarded" with a record and reason, or "failed" with an error."""
+
+    index: int
+    prompt: str
+    batch_num: int
+    status: str
+    record: dict | None = None
+    error: str | None = None
+    usage: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    sample_index: int = 0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.index, self.sample_index
+
+
+def now_iso() -> str:
+    """The time of every line and file of a run: naive UTC, to the second."""
+    return datetime.now(UTC).replace(tzinfo=None).isoformat(timespec="seconds")

@@ -1,0 +1,3 @@
+#!/bin/bash
+sed -i 's/\*\.cnf/*.conf/' /app/backup.sh
+/app/backup.sh

@@ -1,0 +1,2 @@
+#!/bin/bash
+cd /work && touch a.txt b.txt

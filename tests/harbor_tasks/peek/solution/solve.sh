@@ -1,0 +1,2 @@
+#!/bin/bash
+echo SECRET-SOLUTION-CONTENT

@@ -1,0 +1,3 @@
+#!/bin/bash
+awk '{ s += $1 } END { print s }' /app/numbers.txt > /app/sum.txt
+echo "wrote $(cat /app/sum.txt)"

@@ -1,0 +1,75 @@
+"""The import graph stays as docs/architecture.md says: no cycle, lazy imports inside functions included, and
+the modules a trajectory is read with import nothing of the package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOUNDATIONS = ("trajectory", "toolset_distributions")  # readable without the package
+
+
+def modules() -> dict[str, Path]:
+    found = {p.stem: p for p in ROOT.glob("*.py")}
+    for path in (ROOT / "agentbatch").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Every module of ours `path` imports, at its top or inside a function (a lazy import is an import too)."""
+    out: set[str] = set()
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            # `from package import module` imports the module, and runs the package's __init__ first: an edge to
+            # both (a package whose __init__ imports its modules while they import it is a cycle, if a hidden one).
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                out.add(name)
+    return out
+
+
+def test_no_module_is_part_of_an_import_cycle_lazy_imports_included():
+    known = modules()
+    graph = {name: imports(path, known) - {name} for name, path in known.items()}
+    # A package's __init__ is imported before any module in it: that is no edge of ours to follow.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        stack.append(name)
+        for other in sorted(graph[name]):
+            if state.get(other) == 1:
+                cycle = stack[stack.index(other) :] + [other]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if other not in state:
+                visit(other)
+        stack.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+def test_the_trajectory_modules_import_nothing_of_the_package():
+    known = modules()
+    for name in FOUNDATIONS:
+        ours = {m for m in imports(known[name], known) if m.startswith("agentbatch")}
+        assert not ours, f"{name}.py imports {sorted(ours)}: a trajectory must be readable without the package"
