@@ -80,6 +80,6 @@ def bench_tool_floor(results: dict, sandboxes: bool = False) -> None:
             report(
                 results,
                 "tool_floor",
-                f"({'17' if kind == 'bwrap' else '17s'}) {n} prompts x 2 calls at {latency} s, one `{COMMAND}` each, "
+                f"({'19' if kind == 'bwrap' else '19s'}) {n} prompts x 2 calls at {latency} s, one `{COMMAND}` each, "
                 f"concurrency {conc}, sandbox {kind}: {_line(r)}{target}",
             )
