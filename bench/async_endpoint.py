@@ -8,9 +8,13 @@ CPU is not on the runner's machine, so the scale figures use this one: the same 
 (uniform within --jitter of --latency, from --seed), at ~0.2 ms of CPU per request.
 It also notes the time of the first request and of the last reply (time.monotonic, the same clock in
 every process of the machine), so a benchmark can tell the runner's fixed overhead from the run itself.
+With --rate_limit it is the rate-limited endpoint of tests/scripted_rate_limit.py (a 429 answered at once),
+at a few hundred requests a second that the threaded test server could not serve beside the runner.
 
     python bench/async_endpoint.py --port 0 --default_script script.json --latency 1.0 --jitter 0.2
-    # prints "READY http://127.0.0.1:PORT/v1"; GET /_timings; SIGTERM stops it.
+    # prints "READY http://127.0.0.1:PORT/v1"; GET /_timings, GET /_rate; SIGTERM stops it.
+    python bench/async_endpoint.py ... --rate_limit 50 --rate_window --rate_headers retry-after \
+        --rate_schedule 0:200,10:50,30:200
 """
 
 from __future__ import annotations
@@ -27,13 +31,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from scripted_rate_limit import RateLimit  # noqa: E402
 from scripted_replies import DEFAULT_USAGE, MODEL_ID, build_message, prompt_of, spec_list  # noqa: E402
+
+RATE_HEADERS = ("openai", "retry-after", "none")  # what a 429 says: x-ratelimit-* and Retry-After, Retry-After, nothing
 
 
 class Endpoint:
     """The default script's replies with latency; counts requests and notes the first and last."""
 
-    def __init__(self, default_script: list[dict], latency: float, jitter: float, seed: int):
+    def __init__(
+        self, default_script: list[dict], latency: float, jitter: float, seed: int, rate_limit: RateLimit | None = None
+    ):
+        self.rate_limit = rate_limit
         self.script = spec_list(default_script, "default_script")
         self.latency, self.jitter = latency, jitter
         self.rng = random.Random(seed)
@@ -44,6 +54,8 @@ class Endpoint:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.spans: list[tuple[float, float]] = []  # (start, end) of each answered request
+        self.replied: dict[str, float] = {}  # each prompt's last reply (time.monotonic)
+        self.gaps: list[float] = []  # from a prompt's reply to its next request: the runner's time between calls
 
     def delay(self) -> float:
         if self.latency <= 0:
@@ -79,6 +91,7 @@ class Endpoint:
             "peak_in_flight": self.peak_in_flight,
             "in_flight_trace": self.trace(),
             "first_second_trace": self.trace(0.05)[:20],
+            "gaps": self.gaps,
         }
 
     def trace(self, step: float = 0.5) -> list[float]:
@@ -115,21 +128,35 @@ class Endpoint:
                 if method == "GET" and path == "/_timings":
                     await _send(writer, 200, self.timings())
                     continue
+                if method == "GET" and path == "/_rate":
+                    await _send(writer, 200, self.rate_limit.stats() if self.rate_limit else {})
+                    continue
                 if method != "POST" or not path.rstrip("/").endswith("/chat/completions"):
                     await _send(writer, 404, {"error": {"message": f"no route {method} {path}"}})
                     continue
                 now = time.monotonic()
                 self.requests += 1
                 self.first_request = self.first_request or now
+                if self.rate_limit is not None:
+                    accepted, headers = self.rate_limit.take()
+                    if not accepted:  # answered at once: no tokens are generated for a refusal
+                        error = {"message": "Rate limit reached for requests.", "code": "rate_limit_exceeded"}
+                        await _send(writer, 429, {"error": error}, headers)
+                        continue
                 self.in_flight += 1
                 self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
                 try:
-                    answer = self.reply(json.loads(raw))
+                    body = json.loads(raw)
+                    prompt = prompt_of(body)
+                    if prompt in self.replied:
+                        self.gaps.append(now - self.replied[prompt])
+                    answer = self.reply(body)
                     await asyncio.sleep(self.delay())
                     await _send(writer, 200, answer)
                 finally:
                     self.in_flight -= 1
                 self.last_reply = time.monotonic()
+                self.replied[prompt] = self.last_reply
                 self.spans.append((now, self.last_reply))
         except (ConnectionError, asyncio.IncompleteReadError):
             return
@@ -137,19 +164,34 @@ class Endpoint:
             writer.close()
 
 
-async def _send(writer: asyncio.StreamWriter, status: int, obj) -> None:
+async def _send(writer: asyncio.StreamWriter, status: int, obj, headers: dict[str, str] | None = None) -> None:
     body = json.dumps(obj).encode()
-    reason = "OK" if status == 200 else "Not Found"
+    reason = {200: "OK", 429: "Too Many Requests"}.get(status, "Not Found")
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
     writer.write(
-        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-        % (status, reason.encode(), len(body), body)
+        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s"
+        % (status, reason.encode(), extra, len(body), body)
     )
     await writer.drain()
 
 
 async def main_async(args) -> None:
     script = json.loads(Path(args.default_script).read_text()) if args.default_script else [{"content": "OK"}]
-    endpoint = Endpoint(script, args.latency, args.jitter, args.seed)
+    limit = None
+    if args.rate_limit:
+        schedule = (
+            [tuple(map(float, part.split(":"))) for part in args.rate_schedule.split(",")]
+            if args.rate_schedule
+            else None
+        )
+        limit = RateLimit(
+            args.rate_limit,
+            headers=args.rate_headers == "openai",
+            window=args.rate_window,
+            retry_after=args.rate_headers != "none",
+            schedule=schedule,
+        )
+    endpoint = Endpoint(script, args.latency, args.jitter, args.seed, limit)
     server = await asyncio.start_server(endpoint.serve, args.host, args.port, backlog=4096, reuse_address=True)
     port = server.sockets[0].getsockname()[1]
     print(f"READY http://{args.host}:{port}/v1", flush=True)
@@ -169,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=0.0)
     parser.add_argument("--jitter", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate_limit", type=float, default=None, help="requests a second; 429 beyond")
+    parser.add_argument("--rate_window", action="store_true", help="a sliding one-second window, not a token bucket")
+    parser.add_argument("--rate_headers", choices=RATE_HEADERS, default="openai")
+    parser.add_argument("--rate_schedule", help="the limit moving: SECONDS:RATE,... from the first request")
     asyncio.run(main_async(parser.parse_args(argv)))
     return 0
 

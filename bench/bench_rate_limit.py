@@ -5,7 +5,8 @@ one second's worth, OpenAI's x-ratelimit-* and Retry-After headers) and answers 
 --concurrency=256 and every other flag at its default, as a new user would run it. The baseline in the same
 run is the same command with pacing off: every call sent as soon as its prompt's slot has it, as before.
 
-Run as a script with --fixed-concurrency-cli it is the CLI with pacing off (the baseline's entry point).
+Run as a script with --fixed-concurrency-cli it is the CLI with pacing off (the baseline's entry point), with
+--paced-cli the CLI as it is, through the same entry point (so the two start alike: bench (18)).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from common import CALLS_PER_PROMPT, Server, check_all_done, report, run_cli, wr
 N, RATE, LATENCY, CONCURRENCY = 400, 50.0, 0.2, 256
 SCRIPT = [{"reasoning": "Nothing to look up.", "content": "Answered: {prompt}"}]
 FIXED_CLI = "--fixed-concurrency-cli"
+PACED_CLI = "--paced-cli"
 
 
 def _run(name: str, paced: bool, headers: bool = True) -> dict:
@@ -111,7 +113,7 @@ def bench_probe_cost(results: dict, n: int = 2000, conc: int = 256) -> None:
     )
 
 
-def fixed_concurrency_cli() -> None:
+def fixed_concurrency_cli(paced: bool = False) -> None:
     """The real CLI with pacing off in every worker (the setting travels to them inside the run config)."""
     from agentbatch import launch
     from agentbatch.model.client import ModelSettings
@@ -121,11 +123,12 @@ def fixed_concurrency_cli() -> None:
     class Unpaced(ModelSettings):
         pacing: bool = False
 
-    launch.ModelSettings = Unpaced
+    if not paced:
+        launch.ModelSettings = Unpaced
     cli()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == FIXED_CLI:
-        del sys.argv[1]
-        fixed_concurrency_cli()
+    if len(sys.argv) > 1 and sys.argv[1] in (FIXED_CLI, PACED_CLI):
+        paced = sys.argv.pop(1) == PACED_CLI
+        fixed_concurrency_cli(paced)

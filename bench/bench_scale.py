@@ -5,6 +5,8 @@
      at the endpoint, plus the last reply to the process's exit; and where that time goes, phase by phase.
 (10)  1,024 sessions: 5,000 prompts × 3 calls at 1 s ± 20 %, --concurrency=1024; (10b) 2,000 × 3 at 256.
      Beside each: the same requests from bench/bare_client.py (nothing but HTTP) and the schedule's own floor.
+     (10) is judged against the bare client measured in the same bench run (issue 19's note, issue 30: no
+     client reaches N·L/C × 1.10 here), (10b) against N·L/C.
 
 The layouts of (8) and the phase marks of (9) come from bench/cli_variants.py, the CLI with one thing changed.
 """
@@ -176,32 +178,59 @@ def bare_client(n: int, conc: int) -> dict:
     return dict(counts, wall=wall)
 
 
+def _runner(n: int, conc: int) -> dict:
+    with Server(latency=1.0, jitter=0.2, asyncio=True) as srv:
+        before = srv.cpu_seconds()
+        r = run_cli(f"sessions_{n}x{conc}", write_dataset(n), srv.base_url, f"--concurrency={conc}")
+        r["server_cpu"] = srv.cpu_seconds() - before
+        r["endpoint"] = srv.timings()
+    check_all_done(f"sessions_{n}", r, n)
+    return r
+
+
 def bench_sessions(results: dict, which: set[str]) -> None:
-    """(10) 5,000 × 3 at concurrency 1,024 and (10b) 2,000 × 3 at 256, 1 s ± 20 %."""
-    for key, n, conc, target in (("10", 5000, 1024, 1.10), ("10b", 2000, 256, 1.08)):
+    """(10) 5,000 × 3 at concurrency 1,024 and (10b) 2,000 × 3 at 256, 1 s ± 20 %.
+
+    (10) is judged against the bare client: the runner and the bare client take turns twice, and the
+    fastest of each counts (on a shared machine a run is only ever slowed by the others' load).
+    """
+    # (key, prompts, concurrency, target, judged against: "ideal" N·L/C or the "bare" client's wall, rounds)
+    for key, n, conc, target, against, rounds in (
+        ("10", 5000, 1024, 1.05, "bare", 2),
+        ("10b", 2000, 256, 1.08, "ideal", 1),
+    ):
         if key not in which:
             continue
-        with Server(latency=1.0, jitter=0.2, asyncio=True) as srv:
-            before = srv.cpu_seconds()
-            r = run_cli(f"sessions_{n}x{conc}", write_dataset(n), srv.base_url, f"--concurrency={conc}")
-            r["server_cpu"] = srv.cpu_seconds() - before
-            r["endpoint"] = srv.timings()
-        check_all_done(f"sessions_{n}", r, n)
+        runs, bares = [], []
+        for i in range(rounds):
+            for what in ("runner", "bare") if i % 2 == 0 else ("bare", "runner"):
+                if what == "runner":
+                    runs.append(_runner(n, conc))
+                else:
+                    bares.append(bare_client(n, conc))
+        r, bare = min(runs, key=lambda x: x["wall"]), min(bares, key=lambda x: x["wall"])
         ideal = n * 3 * 1.0 / conc
         ratio = r["wall"] / ideal
         floor = schedule_floor(n, conc)
-        bare = bare_client(n, conc)
-        peak = r["peak_rss"]
-        results[f"sessions_{conc}"] = dict(r, ideal=ideal, floor=floor, bare=bare)
+        peak = max(x["peak_rss"] for x in runs)
+        judged = ratio if against == "ideal" else r["wall"] / bare["wall"]
+        results[f"sessions_{conc}"] = dict(
+            r, ideal=ideal, floor=floor, bare=bare, judged=judged, runs=runs, bares=bares
+        )
+        every = ""
+        if rounds > 1:
+            walls = [", ".join(f"{x['wall']:.2f}" for x in xs) for xs in (runs, bares)]
+            every = f" (every run: runner {walls[0]} s, bare client {walls[1]} s)"
         report(
             results,
             f"sessions_{conc}",
             f"({key}) {n} prompts x 3 calls at 1 s +-20 %, concurrency {conc}: wall {r['wall']:.1f} s (run phase "
             f"{r['run_seconds']:.1f} s), ideal {ideal:.2f} s, ratio {ratio:.3f}; the same requests and nothing else "
             f"(bare_client.py): {bare['wall'] / ideal:.3f}, so the runner takes {r['wall'] / bare['wall']:.3f}x a bare "
-            f"client; a schedule without any overhead: {floor:.3f} (schedule_floor); at most "
+            f"client{every}; a schedule without any overhead: {floor:.3f} (schedule_floor); at most "
             f"{r['endpoint']['peak_in_flight']} requests in flight; peak RSS {peak / MIB:.0f} MiB over "
             f"{r['peak_procs']} processes; CPU: runner {r['cpu']:.1f} s, endpoint {r['server_cpu']:.1f} s; "
-            f"failed {r['prompts']['failed']} [target <= {target}: {'met' if ratio <= target else 'NOT met'}; "
+            f"failed {r['prompts']['failed']} [target {'wall' if against == 'ideal' else 'runner / bare client'} "
+            f"<= {target}{' x ideal' if against == 'ideal' else ''}: {'met' if judged <= target else 'NOT met'}; "
             f"<= 2 GiB: {'met' if peak <= 2 * GIB else 'NOT met'}]",
         )

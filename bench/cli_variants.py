@@ -2,6 +2,7 @@
 
 python bench/cli_variants.py layout P ARGS...   # P worker processes forced, the sessions split over them
 python bench/cli_variants.py phases FILE ARGS... # writes when each phase of the run ended to FILE
+python bench/cli_variants.py steps DIR ARGS...   # each worker writes when each sample's steps began and ended
 """
 
 from __future__ import annotations
@@ -74,7 +75,50 @@ def phases(path: str) -> None:
         Path(path).write_text(json.dumps(marks))
 
 
+def steps(directory: str) -> None:
+    """The CLI, each worker noting (thread, step, start, end) of its samples' model calls, tool calls,
+    sandbox creations, commands and process starts: where the time between two calls of a sample goes."""
+    import os
+    import subprocess
+    import threading
+
+    from agentbatch import agent_loop
+    from agentbatch.model import client
+    from agentbatch.sandboxes import bwrap, docker, local
+    from agentbatch.tools import context
+    from batch_runner import cli
+
+    lines: list[str] = []
+    lock = threading.Lock()
+
+    def timed(owner, name: str, step: str) -> None:
+        inner = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.monotonic()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                line = f"{threading.get_ident()} {step} {start:.6f} {time.monotonic():.6f}\n"
+                with lock:
+                    lines.append(line)
+                    if len(lines) >= 64 or step == "chat":
+                        with open(os.path.join(directory, f"steps.{os.getpid()}"), "a") as f:
+                            f.writelines(lines)
+                        lines.clear()
+
+        setattr(owner, name, wrapper)
+
+    timed(client.ModelClient, "chat", "chat")
+    timed(agent_loop, "call_tool", "tool")
+    timed(context.ToolContext, "sandbox", "sandbox")
+    for backend in (local.LocalSandbox, bwrap.BwrapSandbox, docker.DockerSandbox):
+        timed(backend, "exec", "exec")
+    timed(subprocess.Popen, "__init__", "popen")
+    cli()
+
+
 if __name__ == "__main__":
     kind, value = sys.argv[1], sys.argv[2]
     del sys.argv[1:3]
-    layout(int(value)) if kind == "layout" else phases(value)
+    {"layout": lambda: layout(int(value)), "phases": lambda: phases(value), "steps": lambda: steps(value)}[kind]()

@@ -11,9 +11,23 @@ import urllib.request
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
+from scripted_rate_limit import RateLimit
 from scripted_server import ScriptedServer
 
-from agentbatch.model.rate_limit import PROBE_DOUBLING, PROBE_WINDOW, Pacer, _limits, _seconds, retry_after
+from agentbatch.model.base import ModelCallError
+from agentbatch.model.client import ModelClient, ModelSettings
+from agentbatch.model.pacing_peers import Peers
+from agentbatch.model.rate_limit import (
+    CLIMB,
+    CUT,
+    PROBE_DOUBLING,
+    PROBE_WINDOW,
+    STREAK,
+    Pacer,
+    _limits,
+    _seconds,
+    retry_after,
+)
 
 ONE_CALL = [{"content": "answered"}]
 
@@ -40,6 +54,15 @@ def test_the_rate_limited_server_accepts_its_burst_then_answers_429_with_openai_
     assert stats["accepted"] + stats["refused"] == 5 and stats["refused"] >= 1
     limits = _limits({k.lower(): v for k, v in headers.items()})
     assert limits is not None and limits.rate == pytest.approx(2.0, rel=0.2)  # the bucket's rate, from headers
+
+
+def test_the_window_limit_counts_a_sliding_second_says_as_little_as_asked_and_moves_on_schedule():
+    said = RateLimit(3, headers=False, window=True)
+    assert [said.take() for _ in range(4)][2:] == [(True, {}), (False, {"Retry-After": "1"})]
+    bare = RateLimit(3, headers=False, window=True, retry_after=False)
+    assert [bare.take() for _ in range(4)][3] == (False, {})
+    moving = RateLimit(10, window=True, schedule=[(0, 10), (2, 3), (5, 10)])
+    assert [moving.rate_at(t) for t in (0.5, 2.5, 4.9, 9)] == [10, 3, 3, 10]
 
 
 def test_header_values_as_endpoints_write_them():
@@ -99,20 +122,62 @@ def test_the_probe_doubles_its_window_until_the_endpoint_answers():
     assert starts[-1] - origin < 5 * PROBE_DOUBLING + 2.0
 
 
-def test_a_burst_of_429s_to_calls_sent_together_cuts_the_rate_once():
+def test_429s_to_calls_sent_before_a_cut_count_once():
     pacer = Pacer()
-    pacer.release(pacer.acquire(), 429, {})
-    pacer.rate = 40.0
-    tickets = [pacer.acquire() for _ in range(4)]
-    first_cut = time.monotonic()
-    for t in tickets:  # all sent before the cut they cause: one cut
-        pacer.release(t, 429, {})
-    assert pacer.rate == pytest.approx(40.0 * 0.8)
-    time.sleep(0.01)
-    later = pacer.acquire()
-    assert later > first_cut
-    pacer.release(later, 429, {})  # sent after the cut, still refused: a second cut
-    assert pacer.rate == pytest.approx(40.0 * 0.8 * 0.8)
+    tickets = [pacer.acquire() for _ in range(PROBE_WINDOW)]  # the probe's first window, all under way
+    pacer.release(tickets[0], 429, {"retry-after-ms": "1"})
+    # The endpoint took the other calls of that second (in flight): the rate is CUT of them.
+    assert pacer.mode == "paced" and pacer.rate == pytest.approx(CUT * (PROBE_WINDOW - 1))
+    rate = pacer.rate
+    for t in tickets[1:]:  # sent before the cut, refused as well: they change nothing
+        pacer.release(t, 429, {"retry-after-ms": "1"})
+    assert pacer.rate == rate
+
+
+def paced_after_first_window() -> Pacer:
+    """A pacer whose first window of calls met one 429 (without rate-limit headers) and the rest accepted."""
+    pacer = Pacer()
+    tickets = [pacer.acquire() for _ in range(PROBE_WINDOW)]
+    pacer.release(tickets[0], 429, {})
+    for t in tickets[1:]:
+        pacer.release(t, 200, {})
+    return pacer
+
+
+def test_a_lone_429_holds_back_its_own_call_only_and_a_streak_holds_back_every_call():
+    pacer = paced_after_first_window()
+    time.sleep(0.05)
+    ticket = pacer.acquire(deadline=time.monotonic() + 10)
+    pacer.release(ticket, 429, {"retry-after": "30"})  # one 429 among successes: the others go on
+    ticket = pacer.acquire(deadline=time.monotonic() + 10)
+    assert ticket is not None
+    pacer.release(ticket, 200, {})
+    tickets = [pacer.acquire(deadline=time.monotonic() + 10) for _ in range(STREAK)]
+    for t in tickets:  # the endpoint refuses everything: every call waits its Retry-After
+        pacer.release(t, 429, {"retry-after": "30"})
+    assert pacer.acquire(deadline=time.monotonic() + 0.3) is None
+
+
+def test_the_rate_grows_only_while_calls_wait_for_it():
+    pacer = paced_after_first_window()
+    rate = pacer.rate
+    time.sleep(CLIMB + 0.2)  # no call waited: the pacer has learnt nothing about a higher rate
+    pacer.release(pacer.acquire(deadline=time.monotonic() + 10), 200, {})
+    assert pacer.rate == pytest.approx(rate)
+    stop = time.monotonic() + 2 * CLIMB + 0.5
+
+    def calls() -> None:  # more calls than the rate lets through, all accepted
+        while time.monotonic() < stop:
+            ticket = pacer.acquire(deadline=stop)
+            if ticket is not None:
+                pacer.release(ticket, 200, {})
+
+    threads = [threading.Thread(target=calls) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert pacer.rate > rate * 1.02  # on its way back to the ceiling it was cut from
 
 
 def test_retry_after_pauses_every_call_and_the_deadline_is_honoured():
@@ -147,6 +212,129 @@ def test_a_rate_limited_endpoint_fails_no_prompt_and_mostly_sees_accepted_reques
     sent = stats["accepted"] + stats["refused"]
     assert stats["accepted"] == 120
     assert stats["refused"] / sent < 0.3, f"{stats['refused']} of {sent} requests answered 429"
+
+
+def drive(srv: ScriptedServer, threads: int, seconds: float) -> list[Exception]:
+    """`threads` callers through one ModelClient for `seconds` (as a worker's slots do); the calls that failed."""
+    client = ModelClient(ModelSettings(model="m", base_url=srv.base_url, api_key="k", max_retries=5))
+    stop = time.monotonic() + seconds
+    failed: list[Exception] = []
+
+    def calls(i: int) -> None:
+        while time.monotonic() < stop:
+            try:
+                client.chat([{"role": "user", "content": f"prompt {i}"}])
+            except ModelCallError as e:
+                failed.append(e)
+
+    callers = [threading.Thread(target=calls, args=(i,)) for i in range(threads)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=120)
+    return failed
+
+
+def per_second(times: list[float], start: float, end: float) -> float:
+    return sum(1 for t in times if start <= t < end) / (end - start)
+
+
+@pytest.mark.parametrize("retry_after_header", [True, False], ids=["Retry-After only", "a bare 429"])
+def test_the_pacer_converges_under_a_window_limit_that_says_nothing_else(retry_after_header):
+    """R requests in any one second, 429 beyond: the accepted rate settles near R with few 429s, and a
+    429 no longer stops every call for its Retry-After (that alone cost a second in every few)."""
+    rate = 40
+    with ScriptedServer(default_script=ONE_CALL, latency=0.05) as srv:
+        srv.rate_limit = RateLimit(rate, headers=False, window=True, retry_after=retry_after_header)
+        failed = drive(srv, threads=24, seconds=10)
+        seen = srv.rate_limit.stats()
+    assert not failed
+    settled = (seen["origin"] + 3, seen["origin"] + 9.5)  # after the first seconds, before the callers stop
+    accepted = per_second(seen["accepted_at"], *settled)
+    refused = per_second(seen["refused_at"], *settled)
+    assert accepted >= 0.8 * rate, f"{accepted:.1f} accepted a second against a limit of {rate}"
+    assert refused <= 0.1 * (accepted + refused), f"{refused:.1f} refused a second, {accepted:.1f} accepted"
+
+
+def test_the_pacer_follows_a_limit_that_moves_down_and_back_up():
+    rate, low = 60, 15
+    with ScriptedServer(default_script=ONE_CALL, latency=0.05) as srv:
+        srv.rate_limit = RateLimit(rate, headers=False, window=True, schedule=[(0, rate), (4, low), (9, rate)])
+        failed = drive(srv, threads=24, seconds=14)
+        seen = srv.rate_limit.stats()
+    assert not failed
+    origin = seen["origin"]
+    # Down: after a second or two at the lower limit, most requests are accepted again.
+    accepted = per_second(seen["accepted_at"], origin + 6, origin + 9)
+    refused = per_second(seen["refused_at"], origin + 6, origin + 9)
+    assert refused <= 0.25 * (accepted + refused), f"{refused:.1f} refused a second, {accepted:.1f} accepted"
+    # Back up: within a few seconds of the limit's return the pacer sends at most of it again.
+    back = per_second(seen["accepted_at"], origin + 12, origin + 14)
+    assert back >= 0.7 * rate, f"{back:.1f} accepted a second, 3 s after the limit went back to {rate}"
+
+
+def test_a_worker_takes_up_what_an_idle_one_leaves_of_the_limit(tmp_path):
+    """Two workers share a window limit; when one runs out of calls (its last prompts done), the other,
+    whose calls still wait, is soon sending at most of the limit instead of its half."""
+    rate = 40
+    limit = RateLimit(rate, headers=False, window=True)
+    workers = {w: Pacer(share=0.5, peers=Peers(str(tmp_path), "endpoint", me=w)) for w in "ab"}
+    start = time.monotonic()
+    stops = {"a": start + 11, "b": start + 6}
+    accepted: list[float] = []
+
+    def calls(w: str) -> None:
+        pacer = workers[w]
+        while time.monotonic() < stops[w]:  # a worker's last calls still go, as its last prompts finish
+            ticket = pacer.acquire(deadline=stops[w] + 30)
+            ok, headers = limit.take()
+            if ok:
+                time.sleep(0.02)
+                if w == "a":
+                    accepted.append(time.monotonic())
+            pacer.release(ticket, 200 if ok else 429, {k.lower(): v for k, v in headers.items()})
+            if not ok:
+                time.sleep(retry_after({k.lower(): v for k, v in headers.items()}) or 1.0)
+
+    threads = [threading.Thread(target=calls, args=(w,)) for w in "ab" for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    alone = per_second(accepted, stops["b"] + 1, stops["b"] + 3)
+    # On its own it would find the limit again too, by growing past its ceiling: some seconds later.
+    assert alone >= 0.9 * rate, f"{alone:.1f} a second, 1-3 s after the other worker ran out of calls"
+
+
+class RecordedWindow(RateLimit):
+    """A window limit that notes, per server connection (one per client thread), when each request came and
+    the Retry-After a refusal gave."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: dict[int, list[tuple[float, float | None]]] = {}
+
+    def take(self):
+        accepted, headers = super().take()
+        wait = None if accepted else float(headers.get("Retry-After", 0))
+        self.seen.setdefault(threading.get_ident(), []).append((time.monotonic(), wait))
+        return accepted, headers
+
+
+def test_a_refused_call_never_starts_again_before_its_retry_after():
+    """The pacer may let other calls go sooner, but a refused call waits for the time its 429 gave."""
+    with ScriptedServer(default_script=ONE_CALL, latency=0.05) as srv:
+        srv.rate_limit = RecordedWindow(30, headers=False, window=True)
+        failed = drive(srv, threads=16, seconds=6)
+        seen = srv.rate_limit.seen
+    assert not failed
+    refusals = 0
+    for requests in seen.values():  # one connection: one thread's calls, each retry right after its 429
+        for (at, wait), (then, _) in zip(requests, requests[1:], strict=False):
+            if wait is not None:
+                refusals += 1
+                assert then - at >= wait - 0.01, f"called again {then - at:.3f} s after a 429 that said {wait:g} s"
+    assert refusals >= 1  # the run met the limit, so the rule was exercised
 
 
 def test_a_probe_whose_first_answer_is_slow_keeps_admitting_calls():

@@ -18,7 +18,8 @@ from typing import Any
 
 from agentbatch.model import transport
 from agentbatch.model.base import ContextOverflow, DeadlineReached, ModelCallError, Reply
-from agentbatch.model.rate_limit import Pacer, shared_limits_path
+from agentbatch.model.pacing_peers import Peers
+from agentbatch.model.rate_limit import Pacer
 from agentbatch.model.rate_limit import retry_after as _retry_after
 from agentbatch.secrets_guard import Redactor
 from agentbatch.surrogates import has_escaped_surrogate, scrub_json
@@ -113,7 +114,7 @@ class ModelClient:
         self.pacer = Pacer(
             share=1 / max(1, settings.workers),
             enabled=settings.pacing,
-            shared=shared_limits_path(settings.pacing_dir, settings.base_url.rstrip("/")),
+            peers=Peers(settings.pacing_dir, settings.base_url.rstrip("/")),
         )
 
     def chat(
