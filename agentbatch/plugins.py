@@ -98,6 +98,8 @@ def _from_file(path: str) -> ModuleType:
     """A .py file as a module named after it (so `my_tools.py` is the module, and the toolset, `my_tools`)."""
     real = os.path.realpath(path)
     if not os.path.isfile(real):
+        if os.path.exists(real):
+            raise FatalError(f"plug-in file {path} is not a regular file (a directory, device or FIFO)")
         raise FatalError(f"plug-in file {path} does not exist")
     name = os.path.splitext(os.path.basename(real))[0]
     if not name.isidentifier():

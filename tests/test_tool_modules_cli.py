@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -180,6 +181,11 @@ def test_a_missing_module_and_a_distribution_naming_a_toolset_the_run_lacks(tmp_
         proc = run(tmp_path, server, "--tools=no_such_module_anywhere")
         assert_clean_exit(proc, 2)
         assert "no_such_module_anywhere" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        fifo = tmp_path / "piped.py"
+        os.mkfifo(fifo)  # never opened: reading it would wait for a writer
+        proc = run(tmp_path, server, f"--tools={fifo}")
+        assert_clean_exit(proc, 2)
+        assert proc.stderr.strip() == f"error: plug-in file {fifo} is not a regular file (a directory, device or FIFO)"
         dists = _file(tmp_path, "d.json", '{"mine": {"orders": 50}}')
         proc = run(tmp_path, server, f"--distributions_file={dists}", "--distribution=mine")
         assert_clean_exit(proc, 2)
