@@ -17,6 +17,12 @@ from trajectory import first_human
 NO_RESULT = ("timeout", "error")  # check statuses of a check that could not give a result
 
 
+# Rewards are summed scaled down by 2**64 (a power of two: exact for every reward a float holds above 1e-289), so
+# that a sum of large finite rewards stays finite and their mean, which is never larger, is written as a
+# number: two rewards of 1e308 summed as they are make Infinity, which statistics.json cannot hold as JSON.
+REWARD_UNIT = 2.0**-64
+
+
 @dataclass(slots=True)
 class _Group:
     """One checked prompt: its toolsets, and counts over its samples (small: one per prompt of a big run)."""
@@ -25,7 +31,7 @@ class _Group:
     task: tuple[str | None, str | None] = (None, None)  # a Harbor task's (category, difficulty)
     n: int = 0  # samples with a result
     c: int = 0  # of which passed
-    reward_sum: float = 0.0
+    reward_sum: float = 0.0  # each reward times REWARD_UNIT
     rewards: int = 0
     tokens: int = 0
     timeout: int = 0
@@ -65,7 +71,7 @@ class OutcomeStats:
         group.c += passed
         reward = record.get("reward")
         if isinstance(reward, int | float) and not isinstance(reward, bool):
-            group.reward_sum += reward
+            group.reward_sum += reward * REWARD_UNIT
             group.rewards += 1
         group.tokens += int((record.get("usage") or {}).get("total_tokens") or 0)
 
@@ -129,7 +135,7 @@ def _figures(groups: list[_Group], unchecked: int) -> dict:
         "error": sum(g.error for g in groups),
         "unchecked": unchecked,
         "pass_rate": round(passes / n, 4) if n else None,
-        "mean_reward": round(sum(g.reward_sum for g in checked) / rewards, 4) if rewards else None,
+        "mean_reward": round(sum(g.reward_sum for g in checked) / rewards / REWARD_UNIT, 4) if rewards else None,
         "prompts_checked": len(checked),
         "pass_at_k": {str(k): round(sum(v) / len(v), 4) for k, v in at_k.items()},
         "pass_at_k_prompts": {str(k): len(v) for k, v in at_k.items()},

@@ -238,3 +238,22 @@ def test_a_check_that_prints_any_value_gives_a_result_never_an_internal_error(tm
         "huge reward": (1.0, True),
         "near miss": (0.0, False),
     }
+
+
+def test_rewards_near_the_largest_float_give_their_mean_in_statistics_json_as_json(tmp_path):
+    # Summed as they are, two rewards of 1e308 make Infinity, which json writes as a bare `Infinity`: not JSON.
+    rows = [
+        {"prompt": "big one", "verify": """echo '{"reward": 1e308}'"""},
+        {"prompt": "big two", "verify": """echo '{"reward": 1.5e308}'"""},
+    ]
+    data = write_dataset(tmp_path / "ds.jsonl", rows)
+    with ScriptedServer(default_script=[answer("done")]) as srv:
+        done = run_cli(args_for(data, tmp_path / "out", "v"), tmp_path, srv)
+    assert_clean_exit(done)
+    text = (tmp_path / "out" / "v" / "statistics.json").read_text()
+
+    def refuse(name):
+        raise AssertionError(f"statistics.json holds {name}, which is not JSON")
+
+    outcomes = json.loads(text, parse_constant=refuse)["outcomes"]
+    assert outcomes["mean_reward"] == 1.25e308
