@@ -240,7 +240,7 @@ def test_a_check_that_prints_any_value_gives_a_result_never_an_internal_error(tm
     }
 
 
-def test_rewards_near_the_largest_float_give_their_mean_in_statistics_json_as_json(tmp_path):
+def test_rewards_near_the_largest_float_give_their_mean_in_statistics_json_and_the_card(tmp_path):
     # Summed as they are, two rewards of 1e308 make Infinity, which json writes as a bare `Infinity`: not JSON.
     rows = [
         {"prompt": "big one", "verify": """echo '{"reward": 1e308}'"""},
@@ -248,7 +248,7 @@ def test_rewards_near_the_largest_float_give_their_mean_in_statistics_json_as_js
     ]
     data = write_dataset(tmp_path / "ds.jsonl", rows)
     with ScriptedServer(default_script=[answer("done")]) as srv:
-        done = run_cli(args_for(data, tmp_path / "out", "v"), tmp_path, srv)
+        done = run_cli(args_for(data, tmp_path / "out", "v", "--export=parquet"), tmp_path, srv)
     assert_clean_exit(done)
     text = (tmp_path / "out" / "v" / "statistics.json").read_text()
 
@@ -257,3 +257,5 @@ def test_rewards_near_the_largest_float_give_their_mean_in_statistics_json_as_js
 
     outcomes = json.loads(text, parse_constant=refuse)["outcomes"]
     assert outcomes["mean_reward"] == 1.25e308
+    card = (tmp_path / "out" / "v" / "export" / "parquet" / "README.md").read_text()
+    assert f"- reward: mean {1.25e308:.4f} over 2 trajectories" in card  # the export's card sums them alike

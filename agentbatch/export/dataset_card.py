@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from agentbatch.export.common import ExportContext, assistant_turns
+from agentbatch.outcome_stats import REWARD_UNIT
 
 COLUMN_NOTES = {
     "prompt_index": "position of the prompt in the dataset file",
@@ -43,7 +44,7 @@ class CardStats:
     cost: float = 0.0
     with_cost: int = 0
     turns: Counter = field(default_factory=Counter)
-    reward_sum: float = 0.0
+    reward_sum: float = 0.0  # each reward times REWARD_UNIT, as statistics.json sums them
     rewards: int = 0
     passed: Counter = field(default_factory=Counter)
 
@@ -66,10 +67,13 @@ class CardStats:
         self.turns[assistant_turns(r)] += 1
         reward = r.get("reward")
         if isinstance(reward, (int, float)) and not isinstance(reward, bool):
-            self.reward_sum += float(reward)
-            self.rewards += 1
+            self.add_reward(reward)
         if isinstance(r.get("passed"), bool):
             self.passed["passed" if r["passed"] else "failed"] += 1
+
+    def add_reward(self, reward: float) -> None:
+        self.reward_sum += float(reward) * REWARD_UNIT
+        self.rewards += 1
 
 
 def card_body(ctx: ExportContext, s: CardStats, schema, shards: int) -> str:
@@ -99,7 +103,7 @@ def card_body(ctx: ExportContext, s: CardStats, schema, shards: int) -> str:
         lines.append(f"- assistant turns: min {min(s.turns)}, mean {total / s.rows:.2f}, max {max(s.turns)}")
     lines.append(f"- tool calls: {_pairs(s.tool_calls)}")
     if s.rewards:
-        lines.append(f"- reward: mean {s.reward_sum / s.rewards:.4f} over {s.rewards} trajectories")
+        lines.append(f"- reward: mean {s.reward_sum / s.rewards / REWARD_UNIT:.4f} over {s.rewards} trajectories")
     if s.passed:
         lines.append(f"- checks: {s.passed['passed']} passed, {s.passed['failed']} failed")
     filters = {k: v for k, v in ctx.filters.describe().items() if v}

@@ -115,8 +115,7 @@ def add_stats(stats: CardStats, table: pa.Table, turns: np.ndarray, run: Layout)
     stats.turns.update(turns.tolist())
     for reward in table.column("reward").to_pylist():
         if reward is not None:
-            stats.reward_sum += reward
-            stats.rewards += 1
+            stats.add_reward(reward)
     passed = table.column("passed")
     verdicts = []
     for key, value in (("passed", True), ("failed", False)):
