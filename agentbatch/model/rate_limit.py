@@ -58,14 +58,12 @@ TARGET_LEFT = 0.2
 # second grows by EXPLORE every second (×4 within ~3 s more: a limit that rose is found again), until a 429.
 CUT = 0.95
 PLATEAU = 1.0  # seconds at the ceiling before growing past it: fewer 429s, each a second's wait for its call
-CLIMB, CLIMB_CALLS, CLIMB_MAX = (
-    1.0,
-    20,
-    3.0,
-)  # seconds, and at a low rate the time of this many calls (fewer cycles of 429s)
+# The climb takes CLIMB seconds, or at a low rate the time of CLIMB_CALLS calls (fewer cycles of 429s), at
+# most CLIMB_MAX seconds.
+CLIMB, CLIMB_CALLS, CLIMB_MAX = 1.0, 20, 3.0
 EXPLORE = 1.0
 SETTLE = 1.0  # seconds after a cut that a window limit still counts the calls from before it
-TELL_SECONDS = 0.25  # how often a worker tells the others what it sends (bench (14): the runs' last seconds)
+TELL_SECONDS = 0.25  # how often a worker tells the others what it sends (bench (16): the runs' last seconds)
 LIFT = 1.2  # accepted in a second over this many times the rate: the ceiling was too low
 AHEAD = 2.0  # past the ceiling, the rate stays within this many times the calls started in about the last second
 # STREAK 429s in a row (and STREAK_SECONDS of calls at the rate: a worker the CPU held up a moment may read a
