@@ -9,6 +9,7 @@ buffer types (weight repacking) on: the run must go on without them, say so in o
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -24,7 +25,8 @@ pytestmark = [
 
 
 def _run(tmp_path: Path, site: str):
-    """One short prompt through the real CLI and the real server; the server's logs land in tmp_path/tmp."""
+    """One short prompt through the real CLI and the real server; the server's logs land in tmp_path/tmp, and
+    what each start gave llama.cpp in tmp_path/note.jsonl."""
     data = write_dataset(tmp_path / "ds.jsonl", ["Say hello."])
     (tmp_path / "tmp").mkdir()
     flags = [
@@ -40,10 +42,16 @@ def _run(tmp_path: Path, site: str):
     ]
     env = {
         "PYTHONPATH": os.pathsep.join(filter(None, (str(SITE), os.environ.get("PYTHONPATH")))),
-        "BR_LLAMA_SITE": site,
+        "BR_LLAMA_SITE": f"{site} note={tmp_path / 'note.jsonl'}",
         "TMPDIR": str(tmp_path / "tmp"),
     }
     return run_cli(flags, tmp_path, timeout=600, env=env)
+
+
+def _repacked(tmp_path: Path) -> list[bool]:
+    """use_extra_bufts of each model load, in order."""
+    lines = (tmp_path / "note.jsonl").read_text().splitlines()
+    return [n["use_extra_bufts"] for n in map(json.loads, lines) if "use_extra_bufts" in n]
 
 
 def _no_log_shown(stderr: str) -> None:
@@ -70,6 +78,7 @@ def test_a_server_that_crashes_with_repacked_weights_runs_without_them(tmp_path,
         "buffer types, AMX or CPU_REPACK, fail on this CPU); it runs without repacking"
     ], proc.stderr
     _no_log_shown(proc.stderr)
+    assert _repacked(tmp_path) == [True, False]  # started again, without repacking
     run = RunDir(tmp_path / "out" / "r")
     assert [r["metadata"]["model"] for r in run.trajectories()] == ["local"] and run.failed() == []
     assert list((tmp_path / "tmp").glob("local-model-*.log")) == []  # neither server's log outlives the run
@@ -85,6 +94,7 @@ def test_a_server_that_crashes_either_way_is_one_line_naming_its_log(tmp_path):
         "error: the local model server could not start: it was killed by SIGSEGV at its first tokens, "
         f"with repacked weights and without; its log: {logs[0]}"
     )
+    assert _repacked(tmp_path) == [True, False]
     assert SITE_MARKER in logs[0].read_text()  # the log is that server's, and stays out of the message
     _no_log_shown(proc.stderr)
-    assert not (tmp_path / "out" / "r" / "trajectories.jsonl").exists()
+    assert not (tmp_path / "out").exists()  # nothing created, as for any error before the run starts

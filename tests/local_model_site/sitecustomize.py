@@ -1,4 +1,4 @@
-"""Makes the real llama.cpp server fail the way repacked kernels fail on some CPUs (put this folder on PYTHONPATH).
+"""Makes the real llama.cpp server die the way repacked kernels do on some CPUs (put this folder on PYTHONPATH).
 
 An Intel Xeon with AMX killed the embedded model's server with SIGSEGV at its first decode when llama.cpp's
 extra buffer types were on (use_extra_bufts, its default), and another CPU's virtual machine with SIGILL;
@@ -10,6 +10,8 @@ bindings are imported, i.e. in the server. BR_LLAMA_SITE says what to do, as spa
     at=decode       ... at the first llama_decode (the default), or at=load: while loading the model
     when=repack     ... only if the model was loaded with use_extra_bufts (the default), or when=always
     no_repack       load every model with use_extra_bufts off (what the server's --no_repack does)
+    threads_batch=N evaluate prompts on N threads (bench/bench_local_model.py compares thread counts)
+    note=PATH       append a JSON line to PATH at each model load and context made: what llama.cpp was given
 
 Before dying it writes SITE_MARKER to stderr (the server's log), which no message of the runner may repeat.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import sys
 import time
@@ -38,18 +41,31 @@ def _die(where: str) -> None:
     time.sleep(5)  # not reached: the default action of these signals ends the process
 
 
+def _note(**what) -> None:
+    if "note" in _WORDS:
+        with open(_WORDS["note"], "a") as f:
+            f.write(json.dumps(what) + "\n")
+
+
 def _patch(bindings) -> None:
     loaded_repacked = []
-    load, decode = bindings.llama_model_load_from_file, bindings.llama_decode
+    load, decode, init = bindings.llama_model_load_from_file, bindings.llama_decode, bindings.llama_init_from_model
     always = _WORDS.get("when") == "always"
 
     def llama_model_load_from_file(path, params):
         if "no_repack" in _WORDS:
             params.use_extra_bufts = False
         loaded_repacked.append(bool(params.use_extra_bufts))
+        _note(pid=os.getpid(), use_extra_bufts=bool(params.use_extra_bufts))
         if "crash" in _WORDS and _WORDS.get("at") == "load" and (always or params.use_extra_bufts):
             _die("while loading the model")
         return load(path, params)
+
+    def llama_init_from_model(model, params):
+        if "threads_batch" in _WORDS:
+            params.n_threads_batch = int(_WORDS["threads_batch"])
+        _note(pid=os.getpid(), n_threads=params.n_threads, n_threads_batch=params.n_threads_batch)
+        return init(model, params)
 
     def llama_decode(ctx, batch):
         if "crash" in _WORDS and _WORDS.get("at", "decode") == "decode" and (always or any(loaded_repacked)):
@@ -57,6 +73,7 @@ def _patch(bindings) -> None:
         return decode(ctx, batch)
 
     bindings.llama_model_load_from_file = llama_model_load_from_file
+    bindings.llama_init_from_model = llama_init_from_model
     bindings.llama_decode = llama_decode
 
 
