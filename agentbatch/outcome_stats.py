@@ -1,9 +1,12 @@
 """Statistics of verified outcomes (statistics.json "outcomes"): pass rate, mean reward, pass@k, tokens per pass.
 
 Computed over every sample with a check, kept or discarded (a --require_pass run discards its failures,
-and they count). Samples are grouped into prompts by (prompt_index, row identity; the prompt text on lines
-written before identities) for pass@k, overall, per toolset (all samples of a prompt are offered the same
-toolsets), and per category and difficulty of a Harbor task (the line's `task`).
+and they count). A check that gave no result (timed out, or could not run) is a sample checked and not
+passed, with reward 0, as in Harbor: an agent that breaks its check gains nothing by it. Samples are
+grouped into prompts by (prompt_index, row identity; the prompt text on lines written before identities)
+for pass@k, overall, per toolset (all samples of a prompt are offered the same toolsets), and per category
+and difficulty of a Harbor task (the line's `task`; "none" for a task without one, so that each breakdown
+adds up to the whole).
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from agentbatch.terminal_text import safe
 from trajectory import first_human
 
 NO_RESULT = ("timeout", "error")  # check statuses of a check that could not give a result
+NO_VALUE = "none"  # the category (or difficulty) of a Harbor task that has none
 
 
 # Rewards are summed scaled down by 2**64 (a power of two: exact for every reward a float holds above 1e-289), so
@@ -29,7 +34,7 @@ class _Group:
 
     toolsets: tuple[str, ...]
     task: tuple[str | None, str | None] = (None, None)  # a Harbor task's (category, difficulty)
-    n: int = 0  # samples with a result
+    n: int = 0  # samples checked, with a result or not
     c: int = 0  # of which passed
     reward_sum: float = 0.0  # each reward times REWARD_UNIT
     rewards: int = 0
@@ -63,17 +68,17 @@ class OutcomeStats:
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group(toolsets, task)
-        if status in NO_RESULT:
-            setattr(group, status, getattr(group, status) + 1)
-            return
-        passed = record.get("passed") is True
         group.n += 1
-        group.c += passed
+        group.tokens += int((record.get("usage") or {}).get("total_tokens") or 0)
+        if status in NO_RESULT:  # not passed, reward 0
+            setattr(group, status, getattr(group, status) + 1)
+            group.rewards += 1
+            return
+        group.c += record.get("passed") is True
         reward = record.get("reward")
         if isinstance(reward, int | float) and not isinstance(reward, bool):
             group.reward_sum += reward * REWARD_UNIT
             group.rewards += 1
-        group.tokens += int((record.get("usage") or {}).get("total_tokens") or 0)
 
     def to_dict(self, samples_per_prompt: int) -> dict:
         """The "outcomes" section: the figures over every sample, and the same per toolset of checked prompts."""
@@ -89,7 +94,8 @@ class OutcomeStats:
         }
 
     def _by_task(self, groups: list[_Group], part: int) -> dict:
-        """The figures per value of a Harbor task's category (part 0) or difficulty (1); {} without tasks."""
+        """The figures per value of a Harbor task's category (part 0) or difficulty (1), "none" for a task without
+        one; {} without tasks."""
         values = sorted(({g.task[part] for g in groups} | {t[part] for t in self._unchecked_tasks}) - {None})
         return {
             v: _figures(
@@ -101,11 +107,11 @@ class OutcomeStats:
 
 
 def _task(record: dict) -> tuple[str | None, str | None]:
-    """A line's Harbor task (category, difficulty); (None, None) for a JSONL row's line."""
+    """A line's Harbor task (category, difficulty), NO_VALUE where it has none; (None, None) for a JSONL row's."""
     task = record.get("task")
-    if not isinstance(task, dict):
+    if not isinstance(task, dict) or not isinstance(task.get("name"), str):
         return None, None
-    return tuple(v if isinstance(v, str) else None for v in (task.get("category"), task.get("difficulty")))
+    return tuple(v if isinstance(v, str) and v else NO_VALUE for v in (task.get("category"), task.get("difficulty")))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -127,12 +133,13 @@ def _figures(groups: list[_Group], unchecked: int) -> dict:
     rewards = sum(g.rewards for g in checked)
     ks = range(1, max((g.n for g in checked), default=0) + 1)
     at_k = {k: [pass_at_k(g.n, g.c, k) for g in checked if g.n >= k] for k in ks}
+    timeout, error = sum(g.timeout for g in groups), sum(g.error for g in groups)
     return {
         "checked": n,
         "passed": passes,
-        "failed": n - passes,
-        "timeout": sum(g.timeout for g in groups),
-        "error": sum(g.error for g in groups),
+        "failed": n - passes - timeout - error,
+        "timeout": timeout,
+        "error": error,
         "unchecked": unchecked,
         "pass_rate": round(passes / n, 4) if n else None,
         "mean_reward": round(sum(g.reward_sum for g in checked) / rewards / REWARD_UNIT, 4) if rewards else None,
@@ -172,7 +179,7 @@ def format_outcomes(outcomes: dict | None) -> list[str]:
 
 def _table(title: str, figures: dict, ks: list[str]) -> list[str]:
     """The summary's table of one grouping (toolset, category, difficulty): its groups with a checked sample."""
-    rows = {t: f for t, f in figures.items() if f["checked"]}
+    rows = {safe(t): f for t, f in figures.items() if f["checked"]}  # a category is a task set's own text
     if not rows or not ks:
         return []
     width = max(12, max(len(t) for t in rows) + 2)

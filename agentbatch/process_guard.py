@@ -2,6 +2,8 @@
 
 - Parent death: a worker whose runner was killed (kill -9, OOM) would go on calling the paid endpoint for
   prompts whose results nobody will record. The kernel's parent-death signal kills it with the runner.
+- A tool's fork: a process a worker forks (a tool calling os.fork, or multiprocessing) would outlive it
+  forever; it dies with the thread that forked it, so at the latest with its worker.
 - Inspection: a local-sandbox command runs as the runner's user, so it could read the API key out of the
   runner's or a worker's memory (/proc/<pid>/mem, ptrace). A non-dumpable process refuses both to any
   process lacking CAP_SYS_PTRACE. (A runner started as root gives its commands that capability: there only
@@ -26,11 +28,16 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 
 
+_libc: list = []  # loaded once: a forked child must not dlopen (another thread may have held its lock)
+
+
 def _prctl(option: int, value: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+        if not _libc:
+            _libc.append(ctypes.CDLL(None, use_errno=True))
+        return _libc[0].prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
@@ -46,18 +53,33 @@ def _die_with_parent(parent_pid: int | None = None) -> None:
         os._exit(1)
 
 
+_forker = 0  # the process about to fork, noted by the at-fork hook (the child's expected parent)
+
+
+def _note_forker() -> None:
+    global _forker
+    _forker = os.getpid()
+
+
+def _die_with_forker() -> None:
+    _die_with_parent(_forker)
+
+
 def forbid_inspection() -> bool:
     """Make this process non-dumpable: no /proc/<pid>/mem, environ or ptrace for processes without privilege."""
     return _prctl(_PR_SET_DUMPABLE, 0)
 
 
 def guard_worker(secrets: Iterable[str], die_with_parent: bool = True) -> None:
-    """At the start of a worker process: die with the runner, refuse inspection, redact every log line.
+    """At the start of a worker process: die with the runner (and what it forks with it), refuse inspection,
+    redact every log line.
 
     A worker logs warnings only, as the runner's format: --verbose's line per prompt is the runner's.
     """
     if die_with_parent:
         _die_with_parent()
+    if sys.platform.startswith("linux"):
+        os.register_at_fork(before=_note_forker, after_in_child=_die_with_forker)
     forbid_inspection()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     secrets_guard.redact_logs(secrets_guard.Redactor(secrets))

@@ -8,6 +8,8 @@ then each MCP server is started as its samples will start it and asked for its t
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable
 
 from agentbatch import plugins
@@ -56,11 +58,25 @@ def prepare(
                 raise FatalError(f"--mcp_config {mcp_config}: server {s.name!r}: its name is {owner}; rename it")
             sources[s.name] = f"--mcp_config {mcp_config}: {s.describe()}"
     dist = _distribution(distributions_file, distribution, [*toolsets, *(s.name for s in servers)])
+    own = [ts for ts in toolsets if sources.get(ts, "").startswith("--tools ")] + [s.name for s in servers]
+    dist = dataclasses.replace(dist, always=tuple(ts for ts in own if ts not in dist.names()))
     setup = None
     if servers:
         setup = _listed(mcp_config, servers, timeout, sandbox)
         toolsets.update(setup.toolsets())
+    if own:
+        print(offered_line(own, dist), file=sys.stderr)
     return ToolSet(toolsets, sources, setup), dist
+
+
+def offered_line(own: list[str], dist: Distribution) -> str:
+    """The start line saying how the run's own toolsets are offered: to every sample unless the distribution
+    names them, then at its percent."""
+    always = [ts for ts in own if ts in dist.always]
+    parts = [f"{', '.join(always)} offered to every sample (the distribution does not name them)"] if always else []
+    parts += [f"{ts} at {dist.probabilities[ts]}%" for ts in own if ts in dist.probabilities]
+    parts += [f"{ts} never (0%)" for ts in own if ts in dist.excluded]
+    return f"own toolsets, distribution {dist.name!r}: {'; '.join(parts)}"
 
 
 def install(tool_set: ToolSet) -> None:

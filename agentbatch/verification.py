@@ -38,10 +38,14 @@ class CheckResult:
     output: str = ""
     seconds: float = 0.0
     answer_matched: bool | None = None
-    rewards: dict[str, float] | None = None  # a Harbor task's named rewards (harbor/verifier.py)
+    rewards: dict[str, float] | None = None  # named rewards, when a format's check gives some (harbor/verifier.py)
 
     def fields(self) -> dict:
-        """The trajectory line's `reward`, `passed` and `check` (every key always present)."""
+        """The trajectory line's `reward`, `passed` and `check` (every key always present).
+
+        `check.rewards` is a list of {"name", "value"} pairs, "reward" first: one shape for every line, whatever
+        names each task's rewards have (a struct per line with its own keys is a schema per task to `datasets`).
+        """
         return {
             "reward": self.reward,
             "passed": self.passed,
@@ -51,9 +55,17 @@ class CheckResult:
                 "output": self.output,
                 "seconds": round(float(self.seconds), 3),
                 "answer_matched": self.answer_matched,
-                "rewards": self.rewards,
+                "rewards": named_rewards(self.rewards),
             },
         }
+
+
+def named_rewards(rewards: dict[str, float] | None) -> list[dict] | None:
+    """Named rewards as the line keeps them: [{"name": "reward", "value": 1.0}, ...], "reward" first."""
+    if rewards is None:
+        return None
+    names = sorted(rewards, key=lambda k: k != "reward")  # stable: the file's order after "reward"
+    return [{"name": k, "value": float(rewards[k])} for k in names]
 
 
 def run_setup(ctx: ToolContext, command: str, timeout: float) -> None:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import docker
 import pyarrow.parquet as pq
 import pytest
 from cli_helpers import RunDir, run_cli
@@ -46,6 +47,11 @@ def by_task(lines: list[dict]) -> dict[str, dict]:
     return {r["task"]["name"]: r for r in lines}
 
 
+def rewards(line: dict) -> dict[str, float]:
+    """A line's check.rewards (a list of name/value pairs, one shape for every line) as a dict."""
+    return {r["name"]: r["value"] for r in line["check"]["rewards"]}
+
+
 def test_an_oracle_run_passes_or_names_each_task_and_needs_no_endpoint(tmp_path, harbor_base, docker_run_name):
     done = run_cli(harbor_args(TASKS, tmp_path / "out", docker_run_name, "--model=oracle"), tmp_path)
 
@@ -58,9 +64,12 @@ def test_an_oracle_run_passes_or_names_each_task_and_needs_no_endpoint(tmp_path,
         True,
         1.0,
         "passed",
-        {"reward": 1.0},
+        [{"name": "reward", "value": 1.0}],
     )
     assert "working directory /app" in ok["check"]["output"]  # [environment] workdir
+    image = ok["task"].pop("image")
+    assert ok["task"].pop("image_id") == docker.from_env().images.get(image).id  # the image it ran in
+    assert image.startswith("br-harbor/sum-numbers:")
     assert ok["task"] == {
         "name": "sum-numbers",
         "difficulty": "easy",
@@ -74,7 +83,7 @@ def test_an_oracle_run_passes_or_names_each_task_and_needs_no_endpoint(tmp_path,
     partial = lines["tests/partial-credit"]
     assert (partial["passed"], partial["reward"]) == (False, 0.6667)  # partial credit counts, but not as a pass
     # Every named number of reward.json is kept; its text field is not a reward.
-    assert partial["check"]["rewards"] == {"reward": 0.6667, "files_found": 2.0, "files_expected": 3.0}
+    assert rewards(partial) == {"reward": 0.6667, "files_found": 2.0, "files_expected": 3.0}
     assert partial["check"]["output"] == "found 2 of 3 files\n"  # [verifier] env EXPECTED=3 reached test.sh
     assert (lines["broken-solution"]["passed"], lines["broken-solution"]["reward"]) == (False, 0.0)
     slow = lines["slow-verifier"]
@@ -189,7 +198,7 @@ def test_an_edited_task_runs_again_on_resume_and_the_others_do_not(tmp_path, har
     assert sorted(r["task"]["name"] for r in lines) == ["sum-numbers", "tests/partial-credit", "tests/partial-credit"]
     versions = [r for r in lines if r["task"]["name"] == "tests/partial-credit"]
     newest = max(versions, key=lambda r: r["metadata"]["batch_num"])  # the merge may lead with any line
-    assert newest["check"]["rewards"]["files_expected"] == 2.0
+    assert rewards(newest)["files_expected"] == 2.0
     # The oracle's verdict is on the tasks as they are now: the old version's partial credit is not counted.
     assert "oracle: 2 of 2 tasks pass with their reference solution (100.0%)" in again.stdout
 
@@ -251,7 +260,7 @@ def test_the_readmes_example_task_set_passes_with_the_oracle(tmp_path, harbor_ba
     assert sorted(x["task"]["category"] for x in exported) == ["debugging", "text-processing", "text-processing"]
     table = pq.read_table(run_dir / "export" / "parquet" / "data").to_pylist()
     assert sorted(r["task"]["name"] for r in table) == ["batch-runner/word-stats", "count-errors", "fix-the-script"]
-    assert lines["batch-runner/word-stats"]["check"]["rewards"] == {
+    assert rewards(lines["batch-runner/word-stats"]) == {
         "reward": 1.0,
         "lines": 1.0,
         "words": 1.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import subprocess
@@ -99,6 +100,22 @@ def test_real_servers_in_each_samples_sandbox_and_shared_on_the_host(tmp_path):
     assert names[: len(ALL_TOOL_NAMES)] == list(ALL_TOOL_NAMES) and "git_status" in names and "fs_write_file" in names
     assert list(lines["again"]["tool_stats"]) == names
     assert line["tool_stats"]["get_current_time"] == {"count": 1, "success": 1, "failure": 0}
+
+
+def test_a_server_the_distribution_does_not_name_is_offered_to_every_sample(tmp_path):
+    script = {"where": [calls(("whereami", {}), ("hub_whereami", {})), thinking("here")]}
+    servers = {"raw": raw("ok"), "hub": raw("ok", shared=True, prefix="hub_"), "off": raw("ok", prefix="off_")}
+    with ScriptedServer(script=script) as server:
+        proc = run(tmp_path, server, servers, ["where"], {"terminal": 100, "hub": 50, "off": 0}, "--seed=1")
+    assert_clean_exit(proc)
+    assert "own toolsets, distribution 'mine': raw offered to every sample (the distribution does not name them); " in (
+        proc.stderr
+    )
+    assert "hub at 50%; off never (0%)" in proc.stderr
+    (line,) = RunDir(tmp_path / "data" / "mcp").trajectories()
+    drawn = ["terminal", "hub"] if "hub" in line["toolsets_used"] else ["terminal"]  # hub at its 50%
+    assert line["toolsets_used"] == [*drawn, "raw"]
+    assert "content" in results(line)[0][1] and "off_whereami" not in line["tools"]
 
 
 def test_a_server_that_dies_mid_call_fails_that_call_and_the_next_sample_gets_a_new_one(tmp_path):
@@ -267,3 +284,33 @@ def test_a_stdio_server_inside_a_docker_sandbox(tmp_path, docker_images, docker_
     assert answer[0] == "where" and answer[1]["content"].endswith(" in /workspace")
     host = answer[1]["content"].split()[1]
     assert len(host) == 12 and host != socket.gethostname()  # a container's name for itself
+
+
+@pytest.mark.docker
+def test_a_servers_env_is_out_of_reach_of_the_samples_commands_in_docker(tmp_path, docker_images, docker_run_name):
+    """The agent's commands run as root in the container: /proc/N/environ of a process beside them is readable
+    there. A server given an env runs in a container of its own, on the sample's network."""
+    steal = "cat /proc/[0-9]*/environ | base64 | tr -d '\\n'; echo; ps -o pid,args"
+    script = {"steal": [calls(("where", {}), ("terminal", {"command": steal})), thinking("nothing")]}
+    servers = {"box": {"command": "sh", "args": ["-c", BUSYBOX_SERVER.read_text()], "env": {"MCP_TEST_VALUE": SECRET}}}
+    with ScriptedServer(script=script) as server:
+        proc = run(
+            tmp_path,
+            server,
+            servers,
+            ["steal"],
+            {"box": 100, "terminal": 100},
+            "--sandbox=docker",
+            f"--docker_image={docker_images[0]}",
+            name=docker_run_name,
+        )
+        sent = json.dumps(server.requests())
+    assert_clean_exit(proc)
+    (line,) = RunDir(tmp_path / "data" / docker_run_name).trajectories()
+    (_, where), (_, stolen) = results(line)
+    assert where["content"].endswith(" in /workspace; value [REDACTED]")  # it has its env
+    environs, processes = stolen["output"].split("\n", 1)
+    assert SECRET.encode() not in base64.b64decode(environs)  # it was there, base64 past the redactor
+    assert "A stdio MCP server" not in processes and "sleep 3600" in processes  # not among the sample's processes
+    assert base64.b64encode(SECRET.encode())[:16].decode() not in sent
+    # The server's container went with the sample (docker_run_name checks that none is left).

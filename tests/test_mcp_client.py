@@ -6,9 +6,10 @@ import json
 import subprocess
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from mcp_helpers import HttpServer, fastmcp, filesystem, python_server, raw
+from mcp_helpers import RAW_SERVER, SYSTEM_PYTHON, HttpServer, fastmcp, filesystem, python_server, raw
 
 from agentbatch.errors import FatalError
 from agentbatch.mcp import config, host, listing, loop, pipes, schemas
@@ -153,6 +154,88 @@ def test_a_servers_stderr_is_kept_to_its_tail():
         connection.close()
 
 
+def test_a_reply_that_is_not_mcp_fails_its_call_at_once_saying_so():
+    connection = connect(raw("ok"))
+    try:
+        with pytest.raises(ServerError) as e:
+            connection.call("stringly", {}, 20)  # {"result": "a string"}: once taken for no answer in 20 s
+        assert str(e.value) == "sent a reply that is not valid MCP (result: Input should be a valid dictionary)"
+        assert connection.alive and "content" in schemas.result(connection.call("whereami", {}, 10))
+    finally:
+        connection.close()
+
+
+class _StringResultHandler(BaseHTTPRequestHandler):
+    """A Streamable HTTP server in JSON mode whose tools/call result is a string."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if "id" not in body:  # a notification
+            return self._send(202, b"")
+        info = {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "h", "version": "1"},
+        }
+        result = info if body["method"] == "initialize" else "a string"
+        self._send(200, json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result}).encode())
+
+    def do_GET(self) -> None:  # no stream of server messages
+        self._send(405, b"")
+
+    def do_DELETE(self) -> None:
+        self._send(200, b"")
+
+    def _send(self, status: int, data: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_url_servers_reply_that_is_not_mcp_fails_its_call_in_one_line():
+    http = ThreadingHTTPServer(("127.0.0.1", 0), _StringResultHandler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        (server,) = parse(h={"url": f"http://127.0.0.1:{http.server_port}/mcp"})
+        connection = Connection(server)
+        connection.start(10)
+        try:
+            with pytest.raises(ServerError) as e:
+                connection.call("anything", {}, 10)
+        finally:
+            connection.close()
+    finally:
+        http.shutdown()
+    assert str(e.value).startswith("answered with error -32700: Failed to parse JSON response") and "\n" not in str(
+        e.value
+    )
+
+
+def test_an_answer_after_200000_log_notifications_comes_in_time():
+    connection = connect(raw("ok"))
+    try:
+        assert schemas.result(connection.call("chatty", {}, 10)) == {"content": "said a lot"}
+        assert "content" in schemas.result(connection.call("whereami", {}, 10))  # nothing left queued
+    finally:
+        connection.close()
+
+
+def test_empty_lines_before_the_answer_are_skipped_and_the_start_deadline_holds():
+    blank = {"command": SYSTEM_PYTHON, "args": [str(RAW_SERVER), "blank", "300"]}  # 300 MB of them, then its answer
+    connect(blank, timeout=10).close()  # once: 27 s, then "did not answer its initialization in 10 s"
+    forever = {"command": SYSTEM_PYTHON, "args": [str(RAW_SERVER), "blank_forever"]}
+    start = time.monotonic()
+    with pytest.raises(ServerError, match="^did not answer its initialization in 3 s$"):
+        connect(forever, timeout=3)
+    # Its deadline, then the grace a server has to exit once its stdin is closed (it was 30 s, and a TimeoutError).
+    assert time.monotonic() - start < 3 + pipes.EXIT_GRACE + 4
+
+
 @pytest.mark.parametrize(
     "entry, says",
     [
@@ -223,9 +306,10 @@ def test_a_shared_server_is_started_again_after_it_died():
 
 
 def _in_a_spawned_worker(tool_set, queue) -> None:
-    from agentbatch import run_tools
+    from agentbatch import plugins, run_tools
     from agentbatch.tools import registry
 
+    plugins.load()  # as a worker's start does (processes._worker_main), before the run's MCP tools
     run_tools.install(tool_set)
     tools = registry.load_tools()
     queue.put((tools["raw_whereami"].toolset, tools["raw_whereami"].schema()["function"]["name"]))

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from agentbatch.dataset_jsonl import load_entries
-from agentbatch.outcome_stats import pass_at_k, shown_ks
+from agentbatch.outcome_stats import OutcomeStats, format_outcomes, pass_at_k, shown_ks
 from agentbatch.verification import answer_matches, parse_reward
 
 
@@ -34,6 +34,61 @@ def test_pass_at_k_stays_exact_where_binomials_would_overflow_a_float():
 def test_the_summary_shows_pass_at_one_powers_of_two_and_the_largest_k():
     assert shown_ks({str(k): 0.0 for k in range(1, 11)}) == ["1", "2", "4", "8", "10"]
     assert shown_ks({"1": 0.5}) == ["1"]
+
+
+def line(task: str, status: str, category: str | None = None, difficulty: str | None = None) -> dict:
+    """A Harbor task's trajectory line as far as the outcome figures read it."""
+    reward = {"passed": 1.0, "failed": 0.0}.get(status)
+    return {
+        "prompt_index": hash(task) % 1000,
+        "identity": task,
+        "task": {"name": task, "category": category, "difficulty": difficulty, "tags": []},
+        "check": {"status": status},
+        "reward": reward,
+        "passed": None if reward is None else reward == 1.0,
+        "usage": {"total_tokens": 10},
+        "toolsets_used": ["terminal"],
+    }
+
+
+def test_a_check_that_gave_no_result_counts_as_not_passed():
+    # 12 passes and 9 checks the agent broke (rm -rf /logs; echo x > /logs): not 100%, but 12 of 21.
+    stats = OutcomeStats()
+    for i in range(12):
+        stats.add(line(f"ok-{i}", "passed"))
+    for i in range(9):
+        stats.add(line(f"broken-{i}", "error"))
+    o = stats.to_dict(1)
+    assert (o["checked"], o["passed"], o["failed"], o["error"], o["pass_rate"]) == (21, 12, 0, 9, round(12 / 21, 4))
+    assert (o["mean_reward"], o["pass_at_k"]["1"]) == (round(12 / 21, 4), round(12 / 21, 4))
+    assert "12 passed, 0 failed, 0 timed out, 9 could not run" in format_outcomes(o)[0]
+    assert "pass rate 57.1%" in format_outcomes(o)[0]
+
+
+def test_tasks_without_a_category_or_difficulty_have_a_row_of_their_own():
+    stats = OutcomeStats()
+    stats.add(line("a", "passed", "debugging", "easy"))
+    for name in ("b", "c"):
+        stats.add(line(name, "failed"))
+    stats.add(line("d", "passed", difficulty="hard"))
+    o = stats.to_dict(1)
+    assert {k: (v["checked"], v["passed"]) for k, v in o["by_category"].items()} == {
+        "debugging": (1, 1),
+        "none": (3, 1),
+    }
+    assert {k: (v["checked"], v["passed"]) for k, v in o["by_difficulty"].items()} == {
+        "easy": (1, 1),
+        "hard": (1, 1),
+        "none": (2, 0),
+    }
+    for key in ("by_category", "by_difficulty"):
+        assert sum(v["checked"] for v in o[key].values()) == o["checked"] == 4
+    table = format_outcomes(o)
+    assert any(row.split()[:3] == ["none", "3", "1"] for row in table), table
+    # A JSONL row's line has no task: no breakdown at all.
+    rows = OutcomeStats()
+    rows.add({**line("x", "passed"), "task": {"name": None, "category": None, "difficulty": None, "tags": []}})
+    assert (rows.to_dict(1)["by_category"], rows.to_dict(1)["by_difficulty"]) == ({}, {})
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 from cli_helpers import ROOT, RunDir, assert_clean_exit, run_cli, thinking, write_dataset
 from scripted_server import ScriptedServer
 
-from toolset_distributions import ALL_TOOL_NAMES
+from toolset_distributions import ALL_TOOL_NAMES, DISTRIBUTIONS, prompt_rng, sample_toolsets
 
 ORDERS = '''
 """Tools of an imaginary order system: the toolset `orders` (the module's name)."""
@@ -55,9 +55,9 @@ def module(tmp_path, name: str, text: str):
     return path
 
 
-def run(tmp_path, server, *flags, rows=("use the orders",)):
+def run(tmp_path, server, *flags, rows=("use the orders",), name="own"):
     dataset = write_dataset(tmp_path / "data.jsonl", list(rows))
-    args = [f"--dataset_file={dataset}", "--batch_size=5", "--run_name=own", "--sandbox=local", *flags]
+    args = [f"--dataset_file={dataset}", "--batch_size=5", f"--run_name={name}", "--sandbox=local", *flags]
     return run_cli(args, tmp_path, server)
 
 
@@ -140,6 +140,46 @@ def test_an_importable_module_by_name(tmp_path):
     assert_clean_exit(proc)
     (line,) = RunDir(tmp_path / "data" / "named").trajectories()
     assert [json.loads(t["value"]) for t in line["conversations"] if t["from"] == "tool"] == [{"output": "HI"}]
+
+
+def test_own_tools_are_offered_to_every_sample_unless_the_distribution_names_them(tmp_path):
+    """--tools with the default distribution (which names only the built-ins) offers the module's tools."""
+    word_tools = ROOT / "tests" / "plugins" / "word_tools.py"
+    shout = [{"reasoning": "r", "tool_calls": [{"name": "shout", "arguments": {"text": "hi"}}]}, thinking("HI")]
+    rows = [f"prompt {i}" for i in range(6)]
+    with ScriptedServer(script={**{r: [thinking("quiet")] for r in rows}, "shout it": shout}) as server:
+        proc = run(tmp_path, server, f"--tools={word_tools}", rows=("shout it",))
+        assert_clean_exit(proc)
+        assert "own toolsets, distribution 'default': word_tools offered to every sample" in proc.stderr
+        (line,) = RunDir(tmp_path / "data" / "own").trajectories()
+        assert line["toolsets_used"] == [*DISTRIBUTIONS["default"].order(), "word_tools"]
+        assert [json.loads(t["value"]) for t in line["conversations"] if t["from"] == "tool"] == [{"output": "HI"}]
+        # A seeded built-in distribution draws the built-ins as without the module: it comes on top.
+        proc = run(
+            tmp_path, server, f"--tools={word_tools}", "--distribution=balanced", "--seed=7", rows=rows, name="b"
+        )
+        assert_clean_exit(proc)
+        for line in RunDir(tmp_path / "data" / "b").trajectories():
+            i = rows.index(line["conversations"][0]["value"])
+            assert line["toolsets_used"] == [
+                *sample_toolsets(DISTRIBUTIONS["balanced"], prompt_rng(7, i)),
+                "word_tools",
+            ]
+        # Named by the distribution, its percent holds: at 0%, never offered.
+        dists = _file(tmp_path, "d.json", '{"quiet": {"terminal": 100, "word_tools": 0}}')
+        proc = run(
+            tmp_path,
+            server,
+            f"--tools={word_tools}",
+            f"--distributions_file={dists}",
+            "--distribution=quiet",
+            name="q",
+            rows=rows[:1],
+        )
+        assert_clean_exit(proc)
+        assert "own toolsets, distribution 'quiet': word_tools never (0%)" in proc.stderr
+        (line,) = RunDir(tmp_path / "data" / "q").trajectories()
+        assert line["toolsets_used"] == ["terminal"] and "shout" not in line["tools"]
 
 
 def _file(tmp_path, name, text):

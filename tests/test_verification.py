@@ -125,7 +125,8 @@ def test_a_hanging_check_is_killed_at_its_timeout_and_recorded_apart_from_a_fail
     assert hung["check"]["output"] == "started\n" and hung["check"]["seconds"] >= 2
     assert wait_gone(str(naps), 30) == [], "the hanging check outlived its timeout"
     o = run.stats()["outcomes"]
-    assert (o["checked"], o["passed"], o["failed"], o["timeout"], o["error"]) == (2, 1, 1, 1, 0)
+    # A timeout gave no result: it is checked and not passed (reward 0), and counted apart from the fail.
+    assert (o["checked"], o["passed"], o["failed"], o["timeout"], o["error"]) == (3, 1, 1, 1, 0)
     assert "1 timed out" in done.stdout
 
 

@@ -45,7 +45,7 @@ def test_setup_and_checks_run_in_the_prompts_own_container(tmp_path, docker_imag
     hits = [p.name for p in (tmp_path / "out").rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert not hits
     o = RunDir(tmp_path / "out" / docker_run_name).stats()["outcomes"]
-    assert (o["checked"], o["passed"], o["timeout"]) == (4, 4, 2)
+    assert (o["checked"], o["passed"], o["timeout"], o["pass_rate"]) == (6, 4, 2, 0.6667)
 
 
 def test_a_check_whose_container_is_gone_is_recorded_as_could_not_run(tmp_path, docker_images, docker_run_name):
@@ -77,5 +77,5 @@ def test_a_check_whose_container_is_gone_is_recorded_as_could_not_run(tmp_path, 
     assert (r["check"]["status"], r["reward"], r["passed"]) == ("error", None, None)
     assert r["check"]["output"].startswith("the check could not run: ")
     o = RunDir(tmp_path / "out" / docker_run_name).stats()["outcomes"]
-    assert (o["checked"], o["error"]) == (0, 1)
+    assert (o["checked"], o["error"], o["pass_rate"]) == (1, 1, 0.0)  # no result is not a pass
     assert "1 could not run" in done.stdout

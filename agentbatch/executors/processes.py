@@ -53,7 +53,10 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
     waiting = [0]  # threads between prompts, each about to take one from the inbox
 
     def run(task: SampleTask) -> bool:
-        outcome = run_sample(task, cfg, clients)
+        try:
+            outcome = run_sample(task, cfg, clients)
+        except BaseException as e:  # it never raises; were it to, the sample fails rather than stays in flight
+            outcome = lost(task, f"internal error: {type(e).__name__}: {e}")
         try:
             with give:
                 results.send(outcome)

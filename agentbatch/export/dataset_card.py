@@ -14,7 +14,7 @@ COLUMN_NOTES = {
     "conversations": "ShareGPT turns: human, gpt (reasoning as a leading <think> block, tool_calls), tool results; "
     "`extra` holds a turn's other fields (e.g. logprobs) as JSON",
     "metadata": "batch number, finish time and model",
-    "task": "a Harbor task's name, difficulty, category and tags (nulls and [] for a JSONL row)",
+    "task": "a Harbor task's name, difficulty, category, tags and the image its sample ran in (nulls and [] for a JSONL row)",
     "completed": "the model answered by itself",
     "partial": "stopped early: output cut, context full, or unknown tools named three times",
     "stop_reason": "how the session ended",

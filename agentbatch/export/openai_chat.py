@@ -7,10 +7,8 @@ assistant message's `logprobs`. The README.md beside the lines declares the sche
 
 from __future__ import annotations
 
-import json
-
 from agentbatch.export.common import JsonlWriter, outcome, parsed_tools, turn_logprobs
-from trajectory import from_openai_messages, to_openai_messages
+from trajectory import to_openai_messages
 
 FEATURES = """\
   - name: messages
@@ -63,6 +61,10 @@ FEATURES = """\
       dtype: string
     - name: tags
       list: string
+    - name: image
+      dtype: string
+    - name: image_id
+      dtype: string
 """
 
 
@@ -78,19 +80,6 @@ def to_line(record: dict) -> dict:
     return {"messages": messages, "tools": parsed_tools(record), **outcome(record)}
 
 
-def to_trajectory(line: dict) -> dict:
-    """An openai export line → the trajectory fields it holds (`conversations` with their logprobs, `tools` as
-    our JSON string, the outcome)."""
-    messages = line.get("messages") or []
-    conversations = from_openai_messages([{k: v for k, v in m.items() if k != "logprobs"} for m in messages])
-    gpt = [t for t in conversations if t.get("from") == "gpt"]
-    for turn, message in zip(gpt, (m for m in messages if m.get("role") == "assistant"), strict=True):
-        if message.get("logprobs") is not None:
-            turn["logprobs"] = message["logprobs"]
-    fields = {k: line[k] for k in ("sample_index", "reward", "passed", "check", "task") if k in line}
-    return {"conversations": conversations, "tools": json.dumps(line.get("tools") or [], ensure_ascii=False), **fields}
-
-
 class Writer(JsonlWriter):
     features = FEATURES
     to_line = staticmethod(to_line)
@@ -99,6 +88,6 @@ class Writer(JsonlWriter):
         "{written} trajectories, one per line of `{file}`: `messages` (user, assistant with "
         "`reasoning_content` and `tool_calls`, tool with `tool_call_id`) and `tools` (the function schemas "
         "offered), then `sample_index`, `reward`, `passed` and `check` (the verified outcome), `task` (a Harbor "
-        "task's name, difficulty, category and tags) and, on assistant messages, `logprobs`. Written by "
+        "task's name, difficulty, category, tags and image) and, on assistant messages, `logprobs`. Written by "
         "batch-runner's `--export=openai`.\n"
     )

@@ -68,7 +68,19 @@ def _schema(names: tuple[str, ...]) -> pa.Schema:
             ("sample_index", _i),
             ("conversations", pa.list_(TURN)),
             ("metadata", pa.struct([("batch_num", _i), ("timestamp", _s), ("model", _s)])),
-            ("task", pa.struct([("name", _s), ("difficulty", _s), ("category", _s), ("tags", pa.list_(_s))])),
+            (
+                "task",
+                pa.struct(
+                    [
+                        ("name", _s),
+                        ("difficulty", _s),
+                        ("category", _s),
+                        ("tags", pa.list_(_s)),
+                        ("image", _s),
+                        ("image_id", _s),
+                    ]
+                ),
+            ),
             ("completed", pa.bool_()),
             ("partial", pa.bool_()),
             ("stop_reason", _s),
@@ -173,6 +185,7 @@ def to_row(record: dict, names: tuple[str, ...] = ALL_TOOL_NAMES) -> dict:
         "task": {
             **{k: _text(task.get(k)) for k in ("name", "difficulty", "category")},
             "tags": [str(t) for t in task.get("tags") or ()],
+            **{k: _text(task.get(k)) for k in ("image", "image_id")},
         }
         if task is not None
         else None,

@@ -19,13 +19,19 @@ import stat
 from dataclasses import dataclass, field
 
 from agentbatch.harbor.task_config import TaskConfig, TaskError, parse
+from agentbatch.sandboxes.base import ImageBuild
 
 INSTRUCTION, CONFIG, ENVIRONMENT, TESTS, SOLUTION = "instruction.md", "task.toml", "environment", "tests", "solution"
 TEST_SCRIPT, SOLVE_SCRIPT = "tests/test.sh", "solution/solve.sh"
 DOCKERFILE, COMPOSE_FILES = "Dockerfile", ("docker-compose.yaml", "docker-compose.yml")
-MAX_CONTEXT_BYTES = 1024**3  # a build context (environment/) over this is refused: docs/harbor.md
+MAX_CONTEXT_BYTES = 1024**3  # environment/, tests/ or solution/ over this is refused: docs/harbor.md
 MAX_INSTRUCTION_CHARS = 1_000_000
+MAX_INSTRUCTION_BYTES = 4 * MAX_INSTRUCTION_CHARS  # UTF-8: at most 4 bytes a character; checked before reading
+MAX_CONFIG_BYTES = 1 << 20  # task.toml
+BOUNDED_DIRS = (ENVIRONMENT, TESTS, SOLUTION)  # copied into an image or a container: each at most MAX_CONTEXT_BYTES
 IMAGE_REPOSITORY = "br-harbor"
+# Every image a run builds carries it (and the run directory's label, sandboxes.base.RUN_DIR_LABEL): docs/harbor.md.
+BUILT_LABEL = "batch_runner.harbor"  # = the task's name
 # Canary lines (benchmark provenance markers) that open an instruction are not shown to the agent, as in Harbor.
 _CANARY = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
 
@@ -39,7 +45,7 @@ class HarborTask:
     instruction: str
     config: TaskConfig
     files_hash: str  # every file of the task: an edited task is another task
-    context_hash: str | None  # environment/ alone: the image's tag
+    context_hash: str | None  # environment/ alone: with base_ids, the image's tag
     compose_file: str | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -50,16 +56,38 @@ class HarborTask:
 
     @property
     def metadata(self) -> dict:
-        """The trajectory line's task metadata."""
+        """The trajectory line's task metadata: which task, and which image its sample ran in (the run fills in the
+        image built, and its id, once it is made: dataset_steps.prepare_sandboxes)."""
         c = self.config
-        return {"name": self.name, "difficulty": c.difficulty, "category": c.category, "tags": list(c.tags)}
+        return {
+            "name": self.name,
+            "difficulty": c.difficulty,
+            "category": c.category,
+            "tags": list(c.tags),
+            "image": self.image,
+            "image_id": None,  # known once the run has built or found it
+        }
+
+    @property
+    def image_build(self) -> ImageBuild | None:
+        """The image built from environment/ (None with [environment] docker_image): tagged by a hash of the build
+        context and of its FROM images' ids, so a base image retagged is another image (ImageBuild.tag)."""
+        if self.config.docker_image:
+            return None
+        return ImageBuild(
+            context=self.file(ENVIRONMENT),
+            repository=f"{IMAGE_REPOSITORY}/{safe_name(self.name)}",
+            context_hash=self.context_hash or "",
+            name=self.name,
+            timeout=self.config.build_timeout,
+            labels=((BUILT_LABEL, self.name),),
+        )
 
     @property
     def image(self) -> str:
-        """The container image: [environment] docker_image as is, else the one built from environment/."""
-        if self.config.docker_image:
-            return self.config.docker_image
-        return f"{IMAGE_REPOSITORY}/{safe_name(self.name)}:{self.context_hash[:20]}"
+        """The container image: [environment] docker_image as is, else the build's tag before its FROM images are
+        resolved (the run's is `image_build.tag(base_ids)`, once they are)."""
+        return self.config.docker_image or self.image_build.tag()
 
     @property
     def builds(self) -> bool:
@@ -82,11 +110,20 @@ def is_task_dir(path: str) -> bool:
 
 
 def load(path: str) -> HarborTask:
-    """Read and check one task directory; TaskError with the reason if it cannot run."""
+    """Read and check one task directory; TaskError with the reason if it cannot run.
+
+    Everything is checked before anything is read: symlinks, kinds of file and sizes (a 5 GB instruction.md is
+    refused, never read), then the two files are read, then every file hashed (streamed).
+    """
     root = os.path.realpath(path)
     for required in (INSTRUCTION, CONFIG):
         if not os.path.isfile(os.path.join(root, required)):
             raise TaskError(f"not a task directory: no {required}")
+    sizes = scan(root)  # also refuses a symlink that leads out of the task
+    for name, limit in ((CONFIG, MAX_CONFIG_BYTES), (INSTRUCTION, MAX_INSTRUCTION_BYTES)):
+        size = os.stat(os.path.join(root, name)).st_size
+        if size > limit:
+            raise TaskError(f"{name} is {size} bytes, over the limit of {limit}")
     cfg, warnings = parse(_read_text(root, CONFIG))
     instruction = strip_canary(_read_text(root, INSTRUCTION))
     if not instruction.strip():
@@ -100,20 +137,18 @@ def load(path: str) -> HarborTask:
     env_dir = os.path.join(root, ENVIRONMENT)
     compose = next((f for f in COMPOSE_FILES if os.path.isfile(os.path.join(env_dir, f))), None)
     has_dockerfile = os.path.isfile(os.path.join(env_dir, DOCKERFILE))
-    context_hash = None
-    if not cfg.docker_image:
-        if not has_dockerfile and not compose:
-            raise TaskError(
-                f"no {ENVIRONMENT}/{DOCKERFILE}, {ENVIRONMENT}/{COMPOSE_FILES[0]} or [environment] docker_image"
-            )
-        size = tree_size(env_dir)
-        if size > MAX_CONTEXT_BYTES:
-            raise TaskError(
-                f"the build context {ENVIRONMENT}/ holds {size} bytes, over the limit of {MAX_CONTEXT_BYTES} (1 GiB)"
-            )
-    files_hash = tree_hash(root)  # also refuses a symlink that leads out of the task
-    if not cfg.docker_image:
-        context_hash = tree_hash(env_dir, inside=root)
+    if not cfg.docker_image and not has_dockerfile and not compose:
+        raise TaskError(
+            f"no {ENVIRONMENT}/{DOCKERFILE}, {ENVIRONMENT}/{COMPOSE_FILES[0]} or [environment] docker_image"
+        )
+    for name in BOUNDED_DIRS:
+        if name == ENVIRONMENT and cfg.docker_image:
+            continue  # not built
+        if sizes.get(name, 0) > MAX_CONTEXT_BYTES:
+            what = "the build context " if name == ENVIRONMENT else ""
+            raise TaskError(f"{what}{name}/ holds {sizes[name]} bytes, over the limit of {MAX_CONTEXT_BYTES} (1 GiB)")
+    files_hash = tree_hash(root)
+    context_hash = None if cfg.docker_image else tree_hash(env_dir, inside=root)
     name = cfg.name or os.path.basename(root)
     return HarborTask(
         root,
@@ -140,11 +175,14 @@ def strip_canary(text: str) -> str:
 
 def _read_text(root: str, name: str) -> str:
     path = os.path.join(root, name)
+    limit = MAX_CONFIG_BYTES if name == CONFIG else MAX_INSTRUCTION_BYTES
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(limit + 1)  # its size was checked; a file that grew since is cut, and refused below
     except OSError as e:
         raise TaskError(f"cannot read {name}: {e.strerror}") from None
+    if len(raw) > limit:
+        raise TaskError(f"{name} is over the limit of {limit} bytes")
     try:
         return raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
     except UnicodeDecodeError as e:
@@ -160,6 +198,34 @@ def _walk(root: str):
             yield os.path.relpath(full, root), os.lstat(full)
 
 
+def scan(root: str) -> dict[str, int]:
+    """The bytes of regular files under each top-level entry of the task, nothing read; TaskError for a symlink
+    that leads out of the task, or anything that is not a file, directory or symlink. A symlink counts as its
+    file's size where the link is, since it is copied as that file."""
+    sizes: dict[str, int] = {}
+    for rel, st in _walk(root):
+        full = os.path.join(root, rel)
+        if stat.S_ISLNK(st.st_mode):
+            _inside(full, root)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue  # a dangling link: nothing to copy
+        if stat.S_ISREG(st.st_mode):
+            top = rel.split(os.sep, 1)[0]
+            sizes[top] = sizes.get(top, 0) + st.st_size
+        elif not stat.S_ISDIR(st.st_mode):
+            raise TaskError(f"{rel} is not a regular file, directory or symlink")
+    return sizes
+
+
+def _inside(full: str, inside: str) -> None:
+    real = os.path.realpath(full)
+    if real != inside and not real.startswith(inside + os.sep):
+        shown = os.path.relpath(full, inside)
+        raise TaskError(f"{shown} is a symlink to {os.readlink(full)}, outside the task directory")
+
+
 def tree_hash(root: str, inside: str | None = None) -> str:
     """sha256 over every path, file content, executable bit and symlink target under root.
 
@@ -170,12 +236,8 @@ def tree_hash(root: str, inside: str | None = None) -> str:
     for rel, st in _walk(root):
         full = os.path.join(root, rel)
         if stat.S_ISLNK(st.st_mode):
-            target = os.readlink(full)
-            real = os.path.realpath(full)
-            if real != inside and not real.startswith(inside + os.sep):
-                shown = os.path.relpath(full, inside)
-                raise TaskError(f"{shown} is a symlink to {target}, outside the task directory")
-            digest.update(f"L\0{rel}\0{target}\n".encode())
+            _inside(full, inside)
+            digest.update(f"L\0{rel}\0{os.readlink(full)}\n".encode())
         elif stat.S_ISDIR(st.st_mode):
             digest.update(f"D\0{rel}\n".encode())
         elif stat.S_ISREG(st.st_mode):
@@ -183,10 +245,6 @@ def tree_hash(root: str, inside: str | None = None) -> str:
         else:
             raise TaskError(f"{os.path.relpath(full, inside)} is not a regular file, directory or symlink")
     return digest.hexdigest()
-
-
-def tree_size(root: str) -> int:
-    return sum(st.st_size for _, st in _walk(root) if stat.S_ISREG(st.st_mode))
 
 
 def _file_hash(path: str) -> str:

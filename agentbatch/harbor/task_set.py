@@ -1,16 +1,19 @@
 """A task set: `--dataset_file` naming one Harbor task directory or a directory of them (docs/harbor.md).
 
-Every task that cannot run is skipped with a one-line reason; the fields task.toml files carry that are
-ignored are reported once per field, with how many tasks carry them.
+Every task that cannot run is skipped with a one-line reason (printable: a directory's name is the task set's
+text, terminal_text.safe). The fields task.toml files carry that are ignored stay with their tasks: the run
+reports them once per field and run (harbor/run.py).
 """
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 
 from agentbatch.harbor.task_config import TaskError
 from agentbatch.harbor.task_dir import HarborTask, is_task_dir, load
+from agentbatch.terminal_text import safe
+
+FORMAT = "harbor"  # the dataset format's name (dataset_format.py), which --model=oracle runs (oracle.py)
 
 
 class TaskSetError(Exception):
@@ -34,10 +37,9 @@ def task_dirs(path: str) -> list[str]:
 
 
 def load_tasks(path: str, max_samples: int | None = None) -> tuple[list[HarborTask], list[str]]:
-    """The runnable tasks (the first max_samples of them, by directory name) and a warning per problem."""
+    """The runnable tasks (the first max_samples of them, by directory name) and a warning per task skipped."""
     tasks: list[HarborTask] = []
     warnings: list[str] = []
-    ignored: dict[str, list[str]] = defaultdict(list)
     names: dict[str, str] = {}
     for task_path in task_dirs(path):
         if max_samples is not None and len(tasks) >= max_samples:
@@ -46,18 +48,13 @@ def load_tasks(path: str, max_samples: int | None = None) -> tuple[list[HarborTa
         try:
             task = load(task_path)
         except TaskError as e:
-            warnings.append(f"{shown}: skipped: {e}")
+            warnings.append(safe(f"{shown}: skipped: {e}"))
             continue
         if task.name in names:
-            warnings.append(f"{shown}: skipped: task name {task.name!r} is also {names[task.name]}'s")
+            warnings.append(safe(f"{shown}: skipped: task name {task.name!r} is also {names[task.name]}'s"))
             continue
         names[task.name] = shown
-        for w in task.warnings:
-            ignored[w].append(task.name)
         tasks.append(task)
-    for what, which in ignored.items():
-        some = ", ".join(which[:3]) + (f" and {len(which) - 3} more" if len(which) > 3 else "")
-        warnings.append(f"task.toml: {what} ({some})")
     if not tasks and not warnings:
         raise TaskSetError(
             f"{path} is a directory but holds no Harbor task (a directory with instruction.md and task.toml); "

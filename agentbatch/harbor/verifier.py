@@ -1,19 +1,23 @@
 """A Harbor task's check, after the agent's last turn, in the same container (docs/harbor.md, "The check").
 
-`tests/` is copied to /tests (whatever the agent left there removed first), /logs/verifier is emptied, and
-`bash /tests/test.sh` runs within the verifier's timeout. The reward is what it wrote: reward.json (an
-object of named numbers, all kept in `check.rewards`; `reward` is its "reward", else reward.txt's number,
-else its only value) or reward.txt (one number). The sample passes when the reward is at least 1.
+Every process the agent left running is ended first, then the task's [[verifier.collect]] hooks run, `tests/`
+is copied to /tests (whatever the agent left there removed first), /logs/verifier is emptied, and
+`/tests/test.sh` runs within the verifier's timeout, with the interpreter and PATH the image had before the
+agent's first command. The reward is what it wrote: reward.json (an object of named numbers, all kept in
+`check.rewards`; `reward` is its "reward", else reward.txt's number, else its only value) or reward.txt (one
+number). A "reward" that is not a finite number is a check error, never a pass. The sample passes when the
+reward is at least 1.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import time
 
+from agentbatch.harbor import container
+from agentbatch.harbor.container import Probe
 from agentbatch.harbor.task_dir import SOLUTION, TESTS, HarborTask
 from agentbatch.sandboxes.base import Sandbox, SandboxError
 from agentbatch.tools.registry import cap_output
@@ -21,63 +25,40 @@ from agentbatch.verification import MAX_CHECK_OUTPUT, CheckResult
 
 TESTS_DIR, SOLUTION_DIR, VERIFIER_LOGS = "/tests", "/solution", "/logs/verifier"
 REWARD_TXT, REWARD_JSON = f"{VERIFIER_LOGS}/reward.txt", f"{VERIFIER_LOGS}/reward.json"
-COPY_TIMEOUT = 120.0
+MAX_REWARD_BYTES = 1_000_000
 
 
-def copy_dir(sandbox: Sandbox, source: str, target: str) -> None:
-    """Put a task's directory at `target` in the sandbox (anything there before removed), keeping executable bits."""
-    _run(sandbox, f"rm -rf {shlex.quote(target)} && mkdir -p {shlex.quote(target)}")
-    executable = []
-    for top, dirs, files in os.walk(source):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(top, name)
-            rel = os.path.relpath(path, source)
-            inside = f"{target}/{rel}"
-            with open(path, "rb") as f:  # a symlink was checked to lead inside the task: its file is copied
-                sandbox.write_file(inside, f.read())
-            if os.stat(path).st_mode & 0o111:
-                executable.append(inside)
-    for i in range(0, len(executable), 200):  # a few commands, however many files (a command line is bounded)
-        _run(sandbox, "chmod +x " + " ".join(shlex.quote(p) for p in executable[i : i + 200]))
-
-
-def _run(sandbox: Sandbox, command: str) -> None:
-    done = sandbox.exec(command, timeout=COPY_TIMEOUT)
-    if done.timed_out or done.exit_code != 0:
-        raise SandboxError(f"{command[:80]!r} failed in the container: {' '.join(done.output.split())[-300:]}")
-
-
-def copy_solution(sandbox: Sandbox, task: HarborTask) -> None:
+def copy_solution(sandbox: Sandbox, task: HarborTask, owner: Probe) -> None:
     """/solution for an oracle run, just before the agent's first command."""
-    copy_dir(sandbox, task.file(SOLUTION), SOLUTION_DIR)
+    container.put_dir(sandbox, task.file(SOLUTION), SOLUTION_DIR, owner)
 
 
-def run_tests(sandbox: Sandbox, task: HarborTask, timeout: float) -> CheckResult:
-    """Copy the tests in, run them, read the reward; a check that cannot run is status "error", never raised."""
+def run_tests(sandbox: Sandbox, task: HarborTask, timeout: float, before: Probe) -> CheckResult:
+    """End the agent's processes, copy the tests in, run them, read the reward; never raises ("error" instead)."""
     start = time.monotonic()
     try:
-        result = _run_tests(sandbox, task, timeout)
+        result = _run_tests(sandbox, task, timeout, before)
     except (SandboxError, OSError) as e:  # the container is gone, or refused the files
         result = CheckResult(status="error", output=cap_output(f"the check could not run: {e}", MAX_CHECK_OUTPUT))
     result.seconds = time.monotonic() - start
     return result
 
 
-def _run_tests(sandbox: Sandbox, task: HarborTask, timeout: float) -> CheckResult:
-    # Nothing the agent wrote may stand for the verifier's files: neither tests nor a reward.
-    copy_dir(sandbox, task.file(TESTS), TESTS_DIR)
-    _run(sandbox, f"rm -rf {VERIFIER_LOGS} && mkdir -p {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS}")
-    env = "".join(f"export {k}={shlex.quote(v)}; " for k, v in task.config.verifier_env.items() if k.isidentifier())
-    done = sandbox.exec(f"{env}bash {TESTS_DIR}/test.sh", timeout=timeout)
-    output = cap_output(done.output, MAX_CHECK_OUTPUT)
+def _run_tests(sandbox: Sandbox, task: HarborTask, timeout: float, before: Probe) -> CheckResult:
+    # Nothing the agent started may run beside the tests, and nothing it wrote may stand for the verifier's files.
+    container.end_processes(sandbox)
+    notes = _collect(sandbox, task, before)
+    container.put_dir(sandbox, task.file(TESTS), TESTS_DIR, before)
+    container.run(sandbox, f"rm -rf {VERIFIER_LOGS} && mkdir -p {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS}")
+    done = sandbox.exec(_command(task, before, f"{shlex.quote(before.bash)} {TESTS_DIR}/test.sh"), timeout=timeout)
+    output = cap_output(notes + done.output, MAX_CHECK_OUTPUT)
     if done.timed_out:
         return CheckResult(status="timeout", output=output)
     rewards, problem = read_rewards(sandbox)
     if problem:
         note = f"\n[the check gave no result: {problem}; test.sh exited with {done.exit_code}]"
         return CheckResult(
-            status="error", exit_code=done.exit_code, output=cap_output(done.output + note, MAX_CHECK_OUTPUT)
+            status="error", exit_code=done.exit_code, output=cap_output(notes + done.output + note, MAX_CHECK_OUTPUT)
         )
     reward = rewards["reward"]
     passed = reward >= 1.0  # partial credit counts in the mean reward, not in the pass rate
@@ -91,46 +72,89 @@ def _run_tests(sandbox: Sandbox, task: HarborTask, timeout: float) -> CheckResul
     )
 
 
+def _command(task: HarborTask, before: Probe, command: str) -> str:
+    """A command with the PATH of the image and the task's [verifier] env."""
+    env = {"PATH": before.path, **{k: v for k, v in task.config.verifier_env.items() if k.isidentifier()}}
+    return "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items()) + command
+
+
+def _collect(sandbox: Sandbox, task: HarborTask, before: Probe) -> str:
+    """Run the task's [[verifier.collect]] hooks, best effort as in Harbor; a note per hook that failed."""
+    notes = []
+    for hook in task.config.collect:
+        done = sandbox.exec(_command(task, before, hook.command), timeout=hook.timeout)
+        if done.timed_out or done.exit_code != 0:
+            how = f"ran past {hook.timeout:g} s" if done.timed_out else f"exited with {done.exit_code}"
+            last = (done.output.strip().splitlines() or [""])[-1][-200:]
+            notes.append(f"[collect hook {hook.command[:60]!r} {how}: {last}]\n")
+        container.end_processes(sandbox)  # what a hook started is not the tests' either
+    return "".join(notes)
+
+
 def read_rewards(sandbox: Sandbox) -> tuple[dict[str, float], str | None]:
     """The named rewards test.sh wrote (always with "reward"), or why there are none."""
-    found_json = _read(sandbox, REWARD_JSON)
-    found_txt = _read(sandbox, REWARD_TXT)
-    txt, txt_problem = _number(found_txt) if found_txt is not None else (None, None)
-    if found_json is not None:
-        try:
-            parsed = json.loads(found_json)
-        except (ValueError, RecursionError):
-            return {}, f"{REWARD_JSON} is not valid JSON"
-        if not isinstance(parsed, dict):
-            return {}, f"{REWARD_JSON} is not a JSON object"
-        rewards = {
-            str(k): float(v)
-            for k, v in parsed.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        }
-        if "reward" not in rewards:
-            if txt is not None:
-                rewards["reward"] = txt
-            elif len(rewards) == 1:
-                rewards["reward"] = next(iter(rewards.values()))
-            else:
-                return {}, f'{REWARD_JSON} has no numeric "reward" (and there is no {REWARD_TXT})'
-        return rewards, None
-    if found_txt is not None:
-        if txt is None:
-            return {}, txt_problem
-        return {"reward": txt}, None
-    return {}, f"test.sh wrote neither {REWARD_TXT} nor {REWARD_JSON}"
-
-
-def _read(sandbox: Sandbox, path: str) -> str | None:
+    found_json, json_problem = _read(sandbox, REWARD_JSON)
+    found_txt, txt_problem = _read(sandbox, REWARD_TXT)
+    if json_problem or (found_json is None and txt_problem):
+        return {}, json_problem or txt_problem
+    txt, txt_problem = _text_reward(found_txt) if found_txt is not None else (None, txt_problem)
+    if found_json is None:
+        if found_txt is None:
+            return {}, f"test.sh wrote neither {REWARD_TXT} nor {REWARD_JSON}"
+        return ({"reward": txt}, None) if txt is not None else ({}, txt_problem)
     try:
-        return sandbox.read_file(path, limit=1_000_000).decode("utf-8", "replace")
-    except (FileNotFoundError, IsADirectoryError):
+        parsed = json.loads(found_json)
+    except (ValueError, RecursionError):  # ValueError also covers integers past Python's digit limit
+        return {}, f"{REWARD_JSON} is not valid JSON"
+    if not isinstance(parsed, dict):
+        return {}, f"{REWARD_JSON} is not a JSON object"
+    numbers = {str(k): v for k, v in parsed.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    rewards = {k: f for k, v in numbers.items() if (f := finite(v)) is not None}
+    if "reward" in parsed:  # present: it is the reward, or there is none (never another value in its place)
+        if "reward" not in rewards:
+            return {}, f'{REWARD_JSON}\'s "reward" is {_shown(parsed["reward"])}, not a finite number'
+    elif txt is not None:
+        rewards["reward"] = txt
+    elif len(numbers) == 1:  # text fields are not rewards
+        key = next(iter(numbers))
+        if key not in rewards:
+            return {}, f"{REWARD_JSON}'s only value {key!r} is {_shown(numbers[key])}, not a finite number"
+        rewards["reward"] = rewards[key]
+    else:
+        return {}, f'{REWARD_JSON} has no "reward" (and no usable {REWARD_TXT})'
+    return rewards, None
+
+
+def finite(value: int | float) -> float | None:
+    """A JSON number as a float, None for one no float holds (NaN, infinity, an integer past 1.8e308)."""
+    try:
+        number = float(value)
+    except OverflowError:
         return None
+    return number if math.isfinite(number) else None
 
 
-def _number(text: str) -> tuple[float | None, str | None]:
+def _shown(value) -> str:
+    text = (
+        json.dumps(value) if not isinstance(value, int) or abs(value) < 10**30 else f"a {len(str(value))}-digit integer"
+    )
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _read(sandbox: Sandbox, path: str) -> tuple[str | None, str | None]:
+    """A reward file's text (None if there is none), or why it cannot be read."""
+    try:
+        data = sandbox.read_file(path, limit=MAX_REWARD_BYTES + 1)
+    except (FileNotFoundError, IsADirectoryError):
+        return None, None
+    except OSError as e:
+        return None, f"{path} cannot be read ({e})"
+    if len(data) > MAX_REWARD_BYTES:
+        return None, f"{path} is over {MAX_REWARD_BYTES} bytes"
+    return data.decode("utf-8", "replace"), None
+
+
+def _text_reward(text: str) -> tuple[float | None, str | None]:
     try:
         value = float(text.strip())
     except ValueError:

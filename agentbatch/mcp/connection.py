@@ -158,10 +158,13 @@ class Connection:
         if isinstance(e, MCPError):
             if e.code == types.REQUEST_TIMEOUT:
                 return self._why(timed_out)
+            if e.code == pipes.INVALID_REPLY:  # made by pipes.py of a reply the SDK could not read
+                return f"sent a reply that is not valid MCP ({e.message})"
             if e.code == types.CONNECTION_CLOSED:
                 self._ended = self._ended or self._why("closed the connection", settle)
                 return self._ended
-            return f"answered with error {e.code}: {e.message}"
+            first = (e.message or "").strip().partition("\n")[0]  # the SDK's own (a parse error's) run on
+            return f"answered with error {e.code}: {first[:300]}"
         if isinstance(e, ValidationError):
             first = e.errors()[0] if e.errors() else {}
             where = ".".join(str(p) for p in first.get("loc", ()))

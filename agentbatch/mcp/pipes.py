@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import queue
+import re
 import threading
 from collections.abc import AsyncIterator
 from typing import BinaryIO, Protocol
@@ -21,11 +23,15 @@ from typing import BinaryIO, Protocol
 import anyio
 import mcp_types as types
 from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 # The longest line (one message) a server may write; past it the connection is closed as broken.
 MAX_MESSAGE = 64 * 1024 * 1024
 EXIT_GRACE = 2.0
+# The code of the error a reply that is not valid JSON-RPC becomes (connection.py says what it means).
+INVALID_REPLY = -32099
 _CHUNK = 65536
+_CONTENT = re.compile(rb"\S")
 
 
 class ServerProcess(Protocol):
@@ -42,32 +48,55 @@ class ServerProcess(Protocol):
 
 
 class _Lines:
-    """Stdout's bytes, split into JSON-RPC messages for the session's read stream (on the MCP loop)."""
+    """Stdout's bytes, split into JSON-RPC messages for the session's read stream (on the MCP loop).
+
+    Blank lines are skipped and notifications dropped at C speed, before any validation: this client asks
+    for none (log messages, progress), and a server flooding them must not keep its answer from being read
+    in time. A reply that is no valid JSON-RPC response still answers its request, as an error that says so.
+    """
 
     def __init__(self, send: anyio.abc.ObjectSendStream) -> None:
         self.send = send
-        self.buffer = bytearray()
+        self.buffer = bytearray()  # the start of a line whose end has not come yet (it starts with content)
         self.ended = asyncio.Event()
 
     def feed(self, data: bytes) -> None:
+        known = len(self.buffer)  # no newline in these
         self.buffer += data
-        while (end := self.buffer.find(b"\n")) >= 0:
-            line = bytes(self.buffer[:end])
-            del self.buffer[: end + 1]
-            if line.strip():
-                self._deliver(line)
-        if len(self.buffer) > MAX_MESSAGE:
-            self.buffer.clear()
+        buffer, pos = self.buffer, 0
+        while True:
+            if known:
+                start = 0
+            else:
+                found = _CONTENT.search(buffer, pos)
+                start = found.start() if found else len(buffer)
+            end = buffer.find(b"\n", start + known) if start < len(buffer) else -1
+            known = 0
+            if end < 0:
+                pos = start
+                break
+            self._deliver(bytes(buffer[start:end]))
+            pos = end + 1
+        del buffer[:pos]
+        if len(buffer) > MAX_MESSAGE:
+            buffer.clear()
             self._put(ValueError(f"the server wrote a line of more than {MAX_MESSAGE} bytes"))
             self.end()
 
     def _deliver(self, line: bytes) -> None:
         try:
+            data = json.loads(line)
+        except (ValueError, RecursionError) as e:  # not JSON (a server printing to stdout): the session logs, skips
+            self._put(ValueError(f"not JSON: {e}"))
+            return
+        if isinstance(data, dict) and "method" in data and "id" not in data:
+            return  # a notification
+        try:
             message: SessionMessage | Exception = SessionMessage(
-                types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                types.jsonrpc_message_adapter.validate_python(data, by_name=False)
             )
-        except ValueError as e:  # not JSON-RPC (a server printing to stdout): the session logs and skips it
-            message = e
+        except ValidationError as e:
+            message = _invalid_reply(data, e) or e
         self._put(message)
 
     def _put(self, item: SessionMessage | Exception) -> None:
@@ -78,6 +107,22 @@ class _Lines:
         """Stdout ended (or broke): the session sees its connection closed."""
         self.send.close()
         self.ended.set()
+
+
+def _invalid_reply(data: object, e: ValidationError) -> SessionMessage | None:
+    """A response that is not valid JSON-RPC (its `result` a string, say) as an error answering its request,
+    so the caller learns what came instead of waiting for its timeout; None if it names no request."""
+    if not isinstance(data, dict) or not ("result" in data or "error" in data):
+        return None
+    request_id = data.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        return None
+    kind = "JSONRPCResponse" if "result" in data else "JSONRPCError"
+    errors = [err for err in e.errors() if err["loc"][:1] == (kind,)] or e.errors()
+    first = errors[0] if errors else {"loc": (), "msg": str(e)}
+    where = ".".join(str(p) for p in first["loc"][1:] if first["loc"][:1] == (kind,)) or "reply"
+    error = types.ErrorData(code=INVALID_REPLY, message=f"{where}: {first['msg']}")
+    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
 
 
 def _read(stdout: BinaryIO, loop: asyncio.AbstractEventLoop, lines: _Lines) -> None:

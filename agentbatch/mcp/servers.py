@@ -80,11 +80,18 @@ def call(ctx: ToolContext, server: ServerConfig, tool: schemas.McpTool, argument
 
 
 def start_in_sandbox(sandbox: Sandbox, server: ServerConfig) -> Process:
-    """The server's command started in a sandbox (in its working directory, or the config's `cwd`), with its `env`."""
+    """The server's command started in a sandbox (in its working directory, or the config's `cwd`), with its `env`.
+
+    Its env is its secrets: where the sandbox's commands could read a process it starts (Docker's, whose
+    commands share one PID namespace as the image's user), it is started apart from them (`start_apart`).
+    """
     assert server.command is not None
     argv = [server.command, *server.args]
     if server.cwd:
         argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', server.cwd, *argv]
+    apart = getattr(sandbox, "start_apart", None)
+    if server.env and apart is not None:
+        return apart(argv, env=dict(server.env))
     return sandbox.start(argv, env=dict(server.env))
 
 

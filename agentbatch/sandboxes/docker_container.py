@@ -9,6 +9,9 @@ Every exec carries a tag of its own in its environment (TAG_VAR). At a command's
 long-lived process is killed, everything it started goes: what carries its tag (a `setsid` or `nohup`
 process, a double fork), what is in its session, what descends from either, and what was orphaned since
 it started without any tag (a process that cleared its environment). Other execs' processes stay.
+
+A process the commands must not read (an MCP server given secrets) runs in a container of its own beside
+the sample's, on its network (start_apart): in one container, the image's user reads every process.
 """
 
 from __future__ import annotations
@@ -120,19 +123,24 @@ def _limits(spec: SandboxSpec) -> tuple[dict, bool]:
 
 
 class DockerSandbox:
-    """One container for one prompt; started when constructed, force-removed by cleanup()."""
+    """One container for one prompt; started when constructed, force-removed by cleanup().
 
-    def __init__(self, spec: SandboxSpec):
+    `beside`: this container is one of its own for a process of that sample's that must be private
+    (start_apart): same image, limits and working directory, on that sample's network (its localhost too).
+    """
+
+    def __init__(self, spec: SandboxSpec, beside: DockerSandbox | None = None):
         engine = client()
         self.spec = spec
         self.image = image = spec.image or spec.settings.docker_image
         self.container_id: str | None = None
         self._processes: list[ExecProcess] = []
+        self._beside = beside
         try:
             config = engine.images.get(image).attrs.get("Config") or {}
         except ENGINE_ERRORS as e:
             raise SandboxError(f"cannot inspect Docker image {image!r}: {message(e)}") from e
-        self.workdir = spec.cwd or config.get("WorkingDir") or DEFAULT_WORKDIR
+        self.workdir = beside.workdir if beside else spec.cwd or config.get("WorkingDir") or DEFAULT_WORKDIR
         user = config.get("User") or ""
         image_env = {kv.split("=", 1)[0] for kv in config.get("Env") or []}
         # Only these reach the container (on top of the image's own ENV): the runner's environment never does.
@@ -142,6 +150,7 @@ class DockerSandbox:
         env.update(dict(spec.resources.env) if spec.resources else {})
         labels = {**spec.labels, RUN_LABEL: spec.run_name}
         limits, network = _limits(spec)
+        network_mode = f"container:{beside.container_id}" if beside else "bridge" if network else "none"
         create = dict(
             entrypoint=KEEPALIVE,
             command=[],
@@ -149,7 +158,7 @@ class DockerSandbox:
             working_dir=self.workdir,
             environment=env,
             labels=labels,
-            network_mode="bridge" if network else "none",
+            network_mode=network_mode,
             detach=True,
             stdin_open=False,
             tty=False,
@@ -257,8 +266,30 @@ class DockerSandbox:
         exec_id, sock = self._start_exec(
             ["sh", "-c", 'echo "$$" >&2; exec "$@"', "sh", *argv], tag, stdin=True, env=env
         )
-        process = ExecProcess(sock, lambda: self._exit_code(exec_id, wait=False), lambda pid: self._kill(tag, pid))
+        # A container of its own is its process's alone: the process's end is the container's.
+        end = (lambda _pid: self.cleanup()) if self._beside else (lambda pid: self._kill(tag, pid))
+        process = ExecProcess(sock, lambda: self._exit_code(exec_id, wait=False), end)
         self._processes.append(process)
+        return process
+
+    def start_apart(self, argv: list[str], env: dict[str, str] | None = None) -> ExecProcess:
+        """A process that no command of this sandbox can read (an MCP server's secrets in `env`): in a container
+        of its own beside this one, removed when the process is killed or this sandbox goes.
+
+        Every command here runs as the image's user, often root, who reads any process's /proc/N/environ in the
+        container's one PID namespace; the other container shares its network, not its files.
+        """
+        if not self.container_id:
+            raise SandboxError("the sandbox was already cleaned up")
+        if self._beside is not None:
+            return self.start(argv, env)
+        apart = DockerSandbox(self.spec, beside=self)
+        try:
+            process = apart.start(argv, env)
+        except BaseException:
+            apart.cleanup()
+            raise
+        self._processes.append(process)  # its kill, at the latest at this sandbox's cleanup, removes its container
         return process
 
     def _exit_code(self, exec_id: str, wait: bool = True) -> int | None:
@@ -383,12 +414,13 @@ class DockerSandbox:
         return path
 
     def cleanup(self) -> None:
-        """Force-remove the container and its anonymous volumes; never raises, safe to call twice."""
+        """Force-remove the container and its anonymous volumes (and the containers of its own processes that
+        have one); never raises, safe to call twice."""
         cid, self.container_id = self.container_id, None
         if cid:
             remove(cid)
         processes, self._processes = self._processes, []
-        for process in processes:  # gone with the container: this closes their connections
+        for process in processes:  # gone with the container (or with their own): this closes their connections
             process.kill()
 
 

@@ -98,7 +98,7 @@ class ToolContext:
         for fn in reversed(self._cleanups):
             try:
                 fn()
-            except Exception:
+            except BaseException:  # a tool's KeyboardInterrupt too: the sample's slot must go on to its end
                 pass
         self._cleanups.clear()
         self._sandbox.close(interrupted)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 import sys
 import threading
 import types
@@ -26,10 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from agentbatch import plugins
+from agentbatch.registry import Registered, Registry, origin_of
 from agentbatch.sandboxes.base import SandboxLost
 from agentbatch.surrogates import scrub
 from agentbatch.tools.context import ToolContext
+from agentbatch.tools.results import cap_output as cap_output  # where the checks and web tools take it
+from agentbatch.tools.results import result_text
 from agentbatch.tools.settings import ToolSettings
 from toolset_distributions import ALL_TOOL_NAMES, TOOLSET_OF, TOOLSETS
 
@@ -125,7 +128,6 @@ class Tool:
         return out
 
 
-_REGISTRY: dict[str, Tool] = {}
 _SCHEMAS: dict[str, tuple[Tool, dict]] = {}
 
 
@@ -182,24 +184,29 @@ def register(t: Tool) -> None:
 
 
 def _register(t: Tool) -> None:
-    known = _REGISTRY.get(t.name)
-    if known is not None and _origin(known) != _origin(t):
-        where = (
-            "the built-in tool" if known.name in TOOLSET_OF and _origin(known).startswith("agentbatch.") else "the tool"
-        )
-        raise ToolDeclarationError(
-            f"tool {t.name!r} of {_origin(t)} clashes with {where} {t.name!r} of {_origin(known)} "
-            f"(toolset {known.toolset!r}); rename one"
-        )
+    TOOLS.add(t.name, t, _origin(t))
+
+
+def _clash(name: str, known: Registered[Tool], new: Registered[Tool]) -> Exception:
+    builtin = name in TOOLSET_OF and known.origin.startswith("agentbatch.")
+    return ToolDeclarationError(
+        f"tool {name!r} of {new.origin} clashes with {'the built-in tool' if builtin else 'the tool'} {name!r} of "
+        f"{known.origin} (toolset {known.item.toolset!r}); rename one"
+    )
+
+
+def _check_toolset(t: Tool) -> None:
     if t.toolset in TOOLSETS and t.name not in TOOLSET_OF:  # the built-in distributions mean the built-in tools
         raise ToolDeclarationError(
             f"toolset {t.toolset!r} of {_origin(t)} is a built-in toolset's name; choose another"
         )
-    _REGISTRY[t.name] = t
 
 
 def _origin(t: Tool) -> str:
-    return t.origin or f"{t.function.__module__}.{t.function.__qualname__}"
+    return t.origin or origin_of(t.function)
+
+
+TOOLS: Registry[Tool] = Registry("tool", clash=_clash, check=_check_toolset)
 
 
 def _params(fn: Callable) -> tuple[Param, ...]:
@@ -263,12 +270,12 @@ def _convert(p: Param, value: Any) -> Any:
 
 def load_tools() -> dict[str, Tool]:
     """Every tool, by name: the built-ins in their table's order, then the plug-ins' (plugins.load imports them)."""
-    plugins.load()
-    missing = set(ALL_TOOL_NAMES) - set(_REGISTRY)
+    registered = TOOLS.items()
+    missing = set(ALL_TOOL_NAMES) - set(registered)
     if missing:
         raise RuntimeError(f"tools declared in a toolset but by no module: {sorted(missing)}")
-    builtins = {name: _REGISTRY[name] for name in ALL_TOOL_NAMES}
-    return {**builtins, **{n: t for n, t in _REGISTRY.items() if n not in builtins}}
+    builtins = {name: registered[name] for name in ALL_TOOL_NAMES}
+    return {**builtins, **{n: t for n, t in registered.items() if n not in builtins}}
 
 
 def toolsets() -> dict[str, tuple[str, ...]]:
@@ -319,8 +326,10 @@ def call_tool(t: Tool, raw_arguments: str, ctx: ToolContext) -> tuple[str, bool]
     """Run a tool on the model's JSON arguments; returns (result JSON string, whether the call succeeded).
 
     The result is what the endpoint is sent next: secrets are redacted from it (before any cut, so no
-    prefix of one survives) and lone surrogates replaced. A sandbox that vanished is no tool error: it
-    propagates and fails the prompt.
+    prefix of one survives), the whole is capped to max_output_chars (tools/results.py), and lone
+    surrogates are replaced. Whatever the tool raises is that call's error, KeyboardInterrupt and
+    CancelledError too (a worker leaves Ctrl-C to the runner, so neither is one), except a sandbox that
+    vanished: that propagates and fails the sample.
     """
     try:
         args = json.loads(raw_arguments or "{}")
@@ -328,20 +337,21 @@ def call_tool(t: Tool, raw_arguments: str, ctx: ToolContext) -> tuple[str, bool]
             raise ValueError("arguments must be a JSON object")
     except (ValueError, RecursionError) as e:
         return json.dumps({"error": f"invalid JSON arguments: {_short(e)}"}), False
+    pid = os.getpid()
     try:
         result = t.function(ctx, **t.arguments(args))
     except ArgumentError as e:
         result = {"error": f"invalid arguments: {e}"}
     except SandboxLost:
         raise
-    except (Exception, SystemExit) as e:  # the model's call broke the tool: it sees why and may try again
-        result = {"error": f"{type(e).__name__}: {e}"}
+    except BaseException as e:  # the model's call broke the tool: it sees why and may try again
+        result = {"error": f"{type(e).__name__}: {e}" if str(e) else type(e).__name__}
+    finally:
+        if os.getpid() != pid:  # a child the tool forked, returning: only its worker may go on with the sample
+            os._exit(0)
     ok = not (isinstance(result, dict) and result.get("error"))
-    if isinstance(result, dict):  # cap inside the values so the result stays valid JSON
-        limit = ctx.settings.max_output_chars
-        result = {k: cap_output(ctx.redact(v), limit) if isinstance(v, str) else v for k, v in result.items()}
     try:
-        text = json.dumps(result, ensure_ascii=False, allow_nan=False)
+        text = result_text(result, ctx.settings.max_output_chars, ctx.redact, ok)
     except (TypeError, ValueError, RecursionError) as e:  # a tool's bug the model sees, as an exception
         text, ok = json.dumps({"error": f"the tool returned something that is not JSON: {_short(e)}"}), False
     return scrub(ctx.redact(text)), ok
@@ -349,12 +359,3 @@ def call_tool(t: Tool, raw_arguments: str, ctx: ToolContext) -> tuple[str, bool]
 
 def _short(e: BaseException) -> str:
     return "nested too deeply" if isinstance(e, RecursionError) else str(e)
-
-
-def cap_output(text: str, limit: int) -> str:
-    """Keep the head and the tail of an over-long text, marking what was cut."""
-    if limit <= 0 or len(text) <= limit:
-        return text
-    head = limit * 2 // 3
-    tail = limit - head
-    return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"

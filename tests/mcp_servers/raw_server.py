@@ -1,9 +1,11 @@
 """A stdio MCP server in the standard library alone (it runs under /usr/bin/python3 inside bwrap), misbehaving on request.
 
 argv[1] is the mode: `ok` serves its tools; `hang` never answers its initialization; `invalid_list` lists a
-tool whose input schema is not an object; `bad_name` lists a tool whose name endpoints reject.
+tool whose input schema is not an object; `bad_name` lists a tool whose name endpoints reject; `blank`
+writes argv[2] MB of empty lines before it answers its initialization (`blank_forever`: never stops).
 Tools: `whereami` (its working directory, pid and the variable MCP_TEST_VALUE), `crash` (exits mid-call),
-`stall` (never answers), `shout` (6 MB on stderr, then an answer), `fail` (a result marked isError).
+`stall` (never answers), `shout` (6 MB on stderr, then an answer), `fail` (a result marked isError),
+`stringly` (a reply whose result is a string), `chatty` (200,000 log notifications, then its answer).
 """
 
 import json
@@ -22,7 +24,10 @@ TOOLS = [
         "description": "Report a failure.",
         "inputSchema": {"type": "object", "properties": {"why": {"type": "string"}}, "required": ["why"]},
     },
+    {"name": "stringly", "description": "Answer with a string for a result.", "inputSchema": {"type": "object"}},
+    {"name": "chatty", "description": "Log a lot, then answer.", "inputSchema": {"type": "object"}},
 ]
+NOTIFICATION = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "busy"}}
 
 
 def send(message):
@@ -62,6 +67,11 @@ def call(request_id, name, arguments):
         text(request_id, "shouted")
     elif name == "fail":
         text(request_id, "failed because " + str(arguments.get("why")), error=True)
+    elif name == "stringly":
+        send({"jsonrpc": "2.0", "id": request_id, "result": "a string"})
+    elif name == "chatty":
+        sys.stdout.write((json.dumps(NOTIFICATION) + "\n") * 200_000)
+        text(request_id, "said a lot")
     else:
         send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": "Unknown tool: " + name}})
 
@@ -74,6 +84,12 @@ for line in sys.stdin:
     if method == "initialize":
         if MODE == "hang":
             continue
+        if MODE == "blank_forever":
+            while True:
+                sys.stdout.write("\n" * 1_000_000)
+        if MODE == "blank":
+            for _ in range(int(sys.argv[2])):
+                sys.stdout.write("\n" * 1_000_000)
         info = {"name": "raw", "version": "1"}
         result = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": info}
         send({"jsonrpc": "2.0", "id": request_id, "result": result})
