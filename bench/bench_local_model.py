@@ -1,4 +1,4 @@
-"""(20) Weight repacking in the embedded model (--model=local): llama.cpp's extra buffer types on ÷ off.
+"""(25) Weight repacking in the embedded model (--model=local): llama.cpp's extra buffer types on ÷ off.
 
 llama.cpp can move a model's weights into "extra buffer types" at load (CPU_REPACK: rows interleaved for
 AVX2/AVX-512/NEON kernels; AMX on Intel CPUs with AMX_INT8), if its build and the CPU have kernels for the
