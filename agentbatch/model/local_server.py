@@ -88,31 +88,10 @@ def require_server_packages() -> None:
 
 @contextlib.contextmanager
 def serve(model_path: str | None, verbose: bool = False) -> Iterator[str]:
-    """Run the local model server for the duration of the block; yields its base URL (…/v1).
-
-    The server is ready once it has generated a token. A CPU may report instructions its virtual machine does
-    not run (AMX, which llama.cpp uses for repacked weights): the server then dies of SIGILL at its first
-    token, and is started again with weight repacking off.
-    """
+    """Run the local model server for the duration of the block; yields its base URL (…/v1)."""
     require_server_packages()
     model = resolve_model(model_path)
-    for repack in (True, False):
-        proc, base_url, log_path = _start(model, repack)
-        try:
-            ready = _wait_ready(proc, base_url, log_path, last_try=not repack)
-        except BaseException:
-            _stop(proc)
-            _remove(log_path)
-            raise
-        if ready:
-            break
-        _stop(proc)
-        _remove(log_path)
-        print(
-            "warning: the local model server died of SIGILL: this CPU's instructions for repacked weights (AMX?) "
-            "do not run here; it runs without repacking",
-            file=sys.stderr,
-        )
+    proc, base_url, log_path = _start_ready(model)
     try:
         print(f"local model: {os.path.basename(model)} at {base_url}", file=sys.stderr)
         yield base_url
@@ -120,6 +99,68 @@ def serve(model_path: str | None, verbose: bool = False) -> Iterator[str]:
         _stop(proc)
         if not verbose:
             _remove(log_path)
+
+
+class _StartFailed(Exception):
+    """The server died, or answered its first request without tokens; `again` if a start without repacking may work."""
+
+    def __init__(self, what: str, again: bool = True):
+        super().__init__(what)
+        self.again = again
+        self.log_path = ""
+
+
+def _start_ready(model: str) -> tuple[subprocess.Popen, str, str]:
+    """A server that has generated tokens: with llama.cpp's weight repacking (its default), else without.
+
+    Repacking moves the weights into llama.cpp's extra buffer types at load (CPU_REPACK, AMX), whose kernels
+    are faster where they run (bench (20)) and may crash where they do not: SIGILL where a virtual machine
+    hides AMX, SIGSEGV in decode on an Intel Xeon with AMX, or SIGBUS, an abort, a failed decode. Any such
+    failure while loading or at the first tokens starts the server again without repacking; a server that
+    cannot start either way is one line naming what happened and its log, which is kept.
+    """
+    try:
+        return _start_checked(model, repack=True)
+    except _StartFailed as e:
+        if not e.again:
+            raise _cannot_start(str(e), None, e.log_path) from None
+        _remove(e.log_path)
+        first = str(e)
+    try:
+        started = _start_checked(model, repack=False)
+    except _StartFailed as e:
+        raise _cannot_start(str(e), first, e.log_path) from None
+    print(
+        f"warning: the local model server {first} with llama.cpp's repacked weights (the kernels of its extra "
+        "buffer types, AMX or CPU_REPACK, fail on this CPU); it runs without repacking",
+        file=sys.stderr,
+    )
+    return started
+
+
+def _start_checked(model: str, repack: bool) -> tuple[subprocess.Popen, str, str]:
+    """One start of the server, ready; or _StartFailed with the server stopped and its log's path."""
+    proc, base_url, log_path = _start(model, repack)
+    try:
+        _wait_ready(proc, base_url)
+    except _StartFailed as e:
+        _stop(proc)
+        e.log_path = log_path
+        raise
+    except BaseException:
+        _stop(proc)
+        _remove(log_path)
+        raise
+    return proc, base_url, log_path
+
+
+def _cannot_start(what: str, first: str | None, log_path: str) -> FatalError:
+    """One line: what the last start did, what the one with repacked weights did if it differs, the log's path."""
+    if first == what:
+        what += ", with repacked weights and without"
+    elif first is not None:
+        what += f" without repacked weights (with them it {first})"
+    return FatalError(f"the local model server could not start: it {what}; its log: {log_path}")
 
 
 def _start(model: str, repack: bool) -> tuple[subprocess.Popen, str, str]:
@@ -167,40 +208,65 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _wait_ready(proc: subprocess.Popen, base_url: str, log_path: str, last_try: bool = True) -> bool:
-    """True once the server answers and has generated a token; False if it died of SIGILL and may try again."""
+def _wait_ready(proc: subprocess.Popen, base_url: str) -> None:
+    """Returns once the server answers and has generated tokens; raises _StartFailed saying what happened."""
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         code = proc.poll()
         if code is not None:
-            return _died(code, log_path, last_try)
+            raise _StartFailed(f"{_death(code)} while loading the model")
         try:
             if httpx.get(f"{base_url}/models", timeout=2.0).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise FatalError(f"the local model server did not answer within {START_TIMEOUT:g} s: {_log_tail(log_path)}")
+            raise _StartFailed(f"did not answer within {START_TIMEOUT:g} s", again=False)
         time.sleep(0.2)
     try:
-        httpx.post(f"{base_url}/chat/completions", json=_FIRST_TOKEN, timeout=max(1.0, deadline - time.monotonic()))
+        reply = httpx.post(
+            f"{base_url}/chat/completions", json=_FIRST_TOKENS, timeout=max(1.0, deadline - time.monotonic())
+        )
+    except httpx.TimeoutException:
+        raise _StartFailed(f"generated no token within {START_TIMEOUT:g} s", again=False) from None
     except httpx.HTTPError:
-        pass
+        what, wait = "dropped its first request", STOP_TIMEOUT  # a crash: the process is reaped a moment later
+    else:
+        if reply.status_code == 200 and proc.poll() is None:
+            return
+        what, wait = f"answered its first request with HTTP {reply.status_code}", 1.0
     try:
-        code = proc.wait(0.5)  # a crash in generation drops the connection a moment before the process is reaped
+        code = proc.wait(wait)  # writing a core dump can take seconds
     except subprocess.TimeoutExpired:
-        return True
-    return _died(code, log_path, last_try)
+        raise _StartFailed(what) from None
+    raise _StartFailed(f"{_death(code)} at its first tokens")
 
 
-# One token of a plain chat: it runs the model's matrix kernels, which a CPU feature the VM lacks would crash.
-_FIRST_TOKEN = {"model": "local", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+# A prompt over 32 tokens and 2 tokens out: llama.cpp's batch kernels (a whole block of 32 rows, and the rest) and
+# its one-token kernels both run, the matrix code a CPU feature its kernels rely on would crash (AMX uses tiles
+# for batches, AVX-512 VNNI for one row).
+_FIRST_TOKENS = {
+    "model": "local",
+    "messages": [
+        {
+            "role": "user",
+            "content": "Count from one to forty in words, one number a line and nothing else: one, two, three, "
+            "four, five, six, seven, eight, nine, ten",
+        }
+    ],
+    "max_tokens": 2,
+    "temperature": 0,
+}
 
 
-def _died(code: int, log_path: str, last_try: bool) -> bool:
-    if code == -signal.SIGILL and not last_try:
-        return False
-    raise FatalError(f"the local model server exited with code {code}: {_log_tail(log_path)}")
+def _death(code: int) -> str:
+    """How a process ended, in words: 'was killed by SIGSEGV', 'exited with code 1'."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -211,18 +277,6 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _log_tail(path: str, lines: int = 3) -> str:
-    """The last meaningful lines of the server log, joined into one line."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    kept = [
-        ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(("llama_", "load", "print_info"))
-    ]
-    return " | ".join(kept[-lines:]) or "(empty log)"
 
 
 # ----- server side: runs in the child process -----
