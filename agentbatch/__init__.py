@@ -3,6 +3,7 @@
     from agentbatch import tool, ToolContext      # your own tools (docs/tools.md)
     from agentbatch import Sandbox, ExecResult    # the sandbox a tool gets (docs/sandboxes.md)
     from agentbatch import dataset_format, Entry  # your own dataset formats (docs/datasets.md)
+    from agentbatch import TaskHooks, HookContext, CheckResult, TaskLimits, ImageBuild, Resources, RunContext
     from agentbatch import register_model, Model, Reply, ScriptedModel   # models without an endpoint
 
 The names are looked up when first used, so importing one part of the package does not import them all.
@@ -20,6 +21,13 @@ _PUBLIC = {
     "dataset_format": "agentbatch.dataset_formats",
     "DatasetError": "agentbatch.dataset",
     "Entry": "agentbatch.dataset",
+    "TaskHooks": "agentbatch.task_hooks",
+    "HookContext": "agentbatch.task_hooks",
+    "CheckResult": "agentbatch.verification",
+    "TaskLimits": "agentbatch.limits",
+    "ImageBuild": "agentbatch.sandboxes.base",
+    "Resources": "agentbatch.sandboxes.base",
+    "RunContext": "agentbatch.dataset_steps",
     "register_model": "agentbatch.model.registry",
     "Model": "agentbatch.model.base",
     "Reply": "agentbatch.model.base",

@@ -8,6 +8,9 @@ import json
 from dataclasses import dataclass
 
 from agentbatch.errors import FatalError
+from agentbatch.limits import TaskLimits
+from agentbatch.sandboxes.base import ImageBuild, Resources
+from agentbatch.task_hooks import TaskHooks
 
 
 @dataclass
@@ -22,8 +25,13 @@ class Entry:
     verify: str | None = None
     answers: tuple[str, ...] = ()
     identity: str = ""  # what resume matches: task_identity of the row, unless its format gives one
-    metadata: dict | None = None  # a Harbor task's name, difficulty, category and tags: the lines' `task`
-    harbor: object | None = None  # a Harbor task's own limits, tests and solution (harbor/sample.py HarborSample)
+    metadata: dict | None = None  # the task's name, difficulty, category and tags: the lines' `task`
+    # What a format may give beyond the row (docs/datasets.md, "What a format gives its entries"):
+    build: ImageBuild | None = None  # an image built before any sample; `image` becomes its tag then
+    resources: Resources | None = None  # the sandbox's own CPUs, memory, disk, network, variables
+    limits: TaskLimits = TaskLimits()  # its own time limits, bounded by the run's flags (frozen: shared)
+    hooks: TaskHooks | None = None  # before the agent, and the check (task_hooks.py); pickled to the worker
+    unavailable: str | None = None  # why its samples cannot run (its image did not build): they fail at once
 
     def __post_init__(self) -> None:
         if not self.identity:

@@ -57,3 +57,46 @@ class SampleLimits:
         if self.limits.cost is not None and self.usage.cost >= self.limits.cost:
             return "cost"
         return None
+
+
+@dataclass(frozen=True)
+class TaskLimits:
+    """A task's own time limits, as its dataset format gives them (docs/datasets.md); None: the run's flag applies.
+
+    `prompt_timeout` is its samples' time limit (as --prompt_timeout), `check_timeout` its setup's and check's
+    (as --check_timeout). Before any sample the runner bounds them by the run's flags (TimeoutBounds).
+    """
+
+    prompt_timeout: float | None = None
+    check_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class TimeoutBounds:
+    """The run's flags over every task's own limits: --timeout_multiplier scales them (a build's too), and a
+    --prompt_timeout or --check_timeout given on the command line lowers them (None: not given)."""
+
+    multiplier: float = 1.0
+    prompt_timeout: float | None = None
+    check_timeout: float | None = None
+
+    def scaled(self, seconds: float) -> float:
+        return seconds * self.multiplier
+
+    def bound(self, own: TaskLimits) -> TaskLimits:
+        """The sample's limits from the task's own: scaled, then lowered by a flag given; None stays None."""
+        if own.prompt_timeout is None and own.check_timeout is None:
+            return own
+        return TaskLimits(
+            _lower(self._scaled(own.prompt_timeout), self.prompt_timeout),
+            _lower(self._scaled(own.check_timeout), self.check_timeout),
+        )
+
+    def _scaled(self, seconds: float | None) -> float | None:
+        return None if seconds is None else self.scaled(seconds)
+
+
+def _lower(own: float | None, flag: float | None) -> float | None:
+    if own is None:
+        return None
+    return min(own, flag) if flag is not None else own

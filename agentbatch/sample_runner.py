@@ -16,6 +16,7 @@ from agentbatch.model.usage import Usage
 from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import SandboxError, SandboxSpec
 from agentbatch.secrets_guard import Redactor
+from agentbatch.task_hooks import HookContext
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import offered_tools
 from agentbatch.work import RunConfig, SampleOutcome, SampleTask, now_iso
@@ -48,7 +49,6 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
     usage = Usage(prices=cfg.prices)
     outcome = SampleOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
     ctx = None
-    harbor = task.harbor
     try:
         spec = SandboxSpec(
             cfg.sandbox,
@@ -56,18 +56,19 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
             cwd=task.cwd,
             run_name=cfg.run_name,
             labels=dict(cfg.sandbox_labels),
-            resources=harbor.resources() if harbor else None,
+            resources=task.resources,
         )
-        if harbor:
-            harbor.check_unavailable()  # its image could not be built: fails before any model call
+        if task.unavailable:  # its image could not be made: it fails before any model call
+            raise SandboxError(task.unavailable)
         sandbox_backends.get(spec.kind).prepare(spec)  # before any model call: an absent image costs no tokens
-        prompt_limits = replace(cfg.limits, seconds=harbor.prompt_timeout) if harbor else cfg.limits
-        limits = SampleLimits(prompt_limits, usage)  # the time limit counts from here, after the image check
+        seconds = task.limits.prompt_timeout if task.limits.prompt_timeout is not None else cfg.limits.seconds
+        limits = SampleLimits(replace(cfg.limits, seconds=seconds), usage)  # counts from here, after the image check
         ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
+        check_timeout = task.limits.check_timeout if task.limits.check_timeout is not None else cfg.check_timeout
+        hooked = HookContext(ctx, cfg.model.model, check_timeout)
         if task.setup:  # before any model call too: a task whose files cannot be made costs no tokens
-            verification.run_setup(ctx, task.setup, cfg.check_timeout)
-        if harbor:
-            before = harbor.before_agent(ctx.sandbox(), cfg.model.model)
+            verification.run_setup(ctx, task.setup, check_timeout)
+        before = task.hooks.before_agent(hooked) if task.hooks is not None else None
         tools = offered_tools(task.toolsets, cfg.tools)
         result = run_agent(
             task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
@@ -75,11 +76,10 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
         # In the same sandbox, before ctx.close() removes it.
-        if harbor:
-            check = harbor.check(ctx.sandbox(), before)
-        else:
+        check = task.hooks.check(hooked, before) if task.hooks is not None else None
+        if check is None:
             check = verification.run_check(
-                ctx, task.verify, task.answers, verification.last_message(result.messages), cfg.check_timeout
+                ctx, task.verify, task.answers, verification.last_message(result.messages), check_timeout
             )
         record = build_record(
             prompt_index=task.index,

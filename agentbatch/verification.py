@@ -38,7 +38,7 @@ class CheckResult:
     output: str = ""
     seconds: float = 0.0
     answer_matched: bool | None = None
-    rewards: dict[str, float] | None = None  # a Harbor task's named rewards (harbor/verifier.py)
+    rewards: dict[str, float] | None = None  # named rewards, when a format's check gives some (harbor/verifier.py)
 
     def fields(self) -> dict:
         """The trajectory line's `reward`, `passed` and `check` (every key always present).

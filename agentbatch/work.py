@@ -8,17 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from agentbatch.limits import PromptLimits
+from agentbatch.limits import PromptLimits, TaskLimits
 from agentbatch.model.client import ModelSettings
 from agentbatch.model.usage import Prices
-from agentbatch.sandboxes.base import SandboxSettings
+from agentbatch.sandboxes.base import Resources, SandboxSettings
+from agentbatch.task_hooks import TaskHooks
 from agentbatch.tool_set import ToolSet
 from agentbatch.tools.settings import ToolSettings
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
-    """Everything a worker needs to run prompts; built once by the parent from the flags."""
+    """Everything a worker needs to run samples; built once by the parent from the settings (runtime.run_config)."""
 
     run_name: str
     model: ModelSettings
@@ -60,8 +61,11 @@ class SampleTask:
     verify: str | None = None
     answers: tuple[str, ...] = ()
     identity: str = ""  # the row's (dataset.task_identity), on every line the sample writes
-    metadata: dict | None = None  # a Harbor task's name, difficulty, category and tags: the line's `task`
-    harbor: object | None = None  # a Harbor task's limits, tests and solution (harbor/sample.py HarborSample)
+    metadata: dict | None = None  # the task's name, difficulty, category, tags and image: the line's `task`
+    resources: Resources | None = None  # its sandbox's own, over the run's flags (dataset.Entry)
+    limits: TaskLimits = TaskLimits()  # its own, bounded by the run's flags; None: the flag
+    hooks: TaskHooks | None = None  # its format's part before the agent and in the check (task_hooks.py)
+    unavailable: str | None = None  # why it cannot run: it fails before any model call
 
     @property
     def key(self) -> tuple[int, int]:

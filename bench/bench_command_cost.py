@@ -1,4 +1,4 @@
-"""(20) What one terminal command costs the machine, by the way it is started: every candidate in one run.
+"""(23) What one terminal command costs the machine, by the way it is started: every candidate in one run.
 
 A candidate is a way to run a sample's commands: a sandbox made for every command (as before issue 38), a
 fork of the sample's resident shell (agentbatch/sandboxes/resident.py), that shell exec'ing `bash -c` for
@@ -7,7 +7,7 @@ bound of that way, since what the command starts would still need ending: a PID 
 a capability the entered user namespace does not give a process that is not its root).
 
 Each candidate runs in a fresh child process: 64 sandboxes at once (one thread each, as 64 samples of a
-worker), each running K commands (`pwd; ls /`) one after the other, then removed. K = 1 and K = 6 (21 in
+worker), each running K commands (`pwd; ls /`) one after the other, then removed. K = 1 and K = 6 (24 in
 Docker): the difference, divided by 64 × 5, is what one command costs beyond its sandbox; the K = 1 run, divided by 64,
 what a sample's sandbox costs with one command. Two measures of CPU, both kernel included:
 - the child's cgroup's (v2 `cpu.stat`; every process the child starts stays in it, orphans a namespace's
@@ -20,7 +20,7 @@ The candidates take turns, `rounds` times; the median of each is printed. Docker
 containers at once (the engine's best parallelism here, (12)), in the busybox test image; most of their work
 is the engine's (dockerd, containerd, runc), outside the child's cgroup: only the machine's figure has it.
 
-    python bench/run_bench.py --only 20
+    python bench/run_bench.py --only 23
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def _measure(name: str, commands: int) -> tuple[float, float]:
 
 
 def bench_command_cost(results: dict, rounds: int = 3) -> None:
-    """(20) every candidate's CPU per command and per sandbox, taking turns; the medians reported."""
+    """(23) every candidate's CPU per command and per sandbox, taking turns; the medians reported."""
     from common import report
 
     per_command: dict[str, list[tuple[float, float]]] = {name: [] for name in CANDIDATES}
@@ -210,7 +210,7 @@ def bench_command_cost(results: dict, rounds: int = 3) -> None:
         report(
             results,
             "command_cost",
-            f"(20) {name}: a command `{COMMAND}` {machine:.2f} ms of the machine's CPU ({tree:.2f} ms its own "
+            f"(23) {name}: a command `{COMMAND}` {machine:.2f} ms of the machine's CPU ({tree:.2f} ms its own "
             f"processes'), a sandbox with one command {sandbox:.1f} ms (its own), {_sandboxes(name)} sandboxes at once, median "
             f"of {rounds} (load {before:.1f} before the bench, {min(loads):.1f}-{max(loads):.1f} at its runs' starts)",
         )

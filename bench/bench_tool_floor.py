@@ -10,9 +10,9 @@ messages, the next request), measured where it shows in the wall time.
 (19)  wall ÷ floor with the default sandbox (bwrap), every other flag at its default.
 (19s) the same runs in each sandbox (local, bwrap, docker; docker for the first workload only: 1,000
       containers would take the shared engine minutes), and the time between a prompt's two calls.
-(21)  the tool-heavy run of issue 38: 120 prompts whose replies call `terminal` ten times, one after the
+(24)  the tool-heavy run of issue 38: 120 prompts whose replies call `terminal` ten times, one after the
       other, then answer (11 model calls), at 0.5 s, --concurrency 64; its floor 2 × 11 × 0.5 = 11 s. With
-      (21s), in each sandbox.
+      (24s), in each sandbox.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _line(r: dict) -> str:
 
 
 def bench_tool_heavy(results: dict, sandboxes: bool = False) -> None:
-    """(21) the tool-heavy run in the default sandbox, and with `sandboxes` (21s) in local and docker too."""
+    """(24) the tool-heavy run in the default sandbox, and with `sandboxes` (24s) in local and docker too."""
     n, conc, latency, commands = HEAVY
     image = _docker_image() if sandboxes else None
     kinds = ["bwrap"] + (["local"] if sandboxes else []) + (["docker"] if image else [])
@@ -90,7 +90,7 @@ def bench_tool_heavy(results: dict, sandboxes: bool = False) -> None:
         report(
             results,
             "tool_heavy",
-            f"({'21' if kind == 'bwrap' else '21s'}) {n} prompts x {commands} `{COMMAND}` calls + an answer at "
+            f"({'24' if kind == 'bwrap' else '24s'}) {n} prompts x {commands} `{COMMAND}` calls + an answer at "
             f"{latency} s, concurrency {conc}, sandbox {kind}: {_line(r)}{target}",
         )
 

@@ -18,8 +18,9 @@
     python bench/run_bench.py --only 16f      # the first second of a rate-limited run (issue 38)
     python bench/run_bench.py --only 18       # what pacing costs (8), (9), (10b), (10) against no limit
     python bench/run_bench.py --only 19,19s   # tool-calling runs against their floor; each sandbox's cost per call
-    python bench/run_bench.py --only 20       # what starting one command costs the machine, every candidate way
-    python bench/run_bench.py --only 21,21s   # the tool-heavy run (120 prompts x 10 commands) against its floor
+    python bench/run_bench.py --only 20       # finding plug-ins' entry points: importlib.metadata, cached, the old scan
+    python bench/run_bench.py --only 23       # what starting one command costs the machine, every candidate way
+    python bench/run_bench.py --only 24,24s   # the tool-heavy run (120 prompts x 10 commands) against its floor
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -37,6 +38,7 @@ import time
 
 import psutil
 from bench_command_cost import bench_command_cost
+from bench_entry_points import bench_entry_points
 from bench_export import bench_export
 from bench_mcp import bench_mcp
 from bench_pacing import bench_first_second, bench_moving_limit, bench_pacing_cost, bench_retry_after_only
@@ -184,9 +186,11 @@ def main() -> int:
     if which & {"19", "19s"}:
         bench_tool_floor(results, sandboxes="19s" in which)
     if "20" in which:
+        bench_entry_points(results)
+    if "23" in which:
         bench_command_cost(results)
-    if which & {"21", "21s"}:
-        bench_tool_heavy(results, sandboxes="21s" in which)
+    if which & {"24", "24s"}:
+        bench_tool_heavy(results, sandboxes="24s" in which)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_flag_reference_page_is_the_declared_flags():
-    page = (ROOT / flags.REFERENCE_PAGE).read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
     assert page == flags.reference_page(), "regenerate it: python -m agentbatch.flags > docs/flags.md"
 
 
@@ -49,3 +49,12 @@ def test_every_flag_is_checked_by_its_declaration():
 def test_text_flags_are_kept_as_typed():
     quoted = flags.quote_text_flags(["--model=123", "--run_name", "a, b", "--max_turns=3"])
     assert quoted == ["--model='123'", "--run_name", "'a, b'", "--max_turns=3"]
+
+
+def test_implied_values_stand_in_for_defaults_and_a_flag_given_keeps_its_own():
+    implied = {"distribution": "terminal_only", "require_reasoning": False, "command_timeout": 86400.0}
+    f = flags.parse({"model": "oracle", "require_reasoning": "true"}, implied)
+    assert (f["distribution"], f["require_reasoning"], f["command_timeout"]) == ("terminal_only", True, 86400.0)
+    assert flags.parse({})["distribution"] == "default"  # nothing implied: the defaults
+    with pytest.raises(FatalError, match="--no_such_flag is implied .* but is no flag"):
+        flags.parse({}, {"no_such_flag": 1})

@@ -8,6 +8,8 @@ happened, told whether the sample was interrupted.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import run_prompt_outcome
 from scripted_server import ScriptedServer
@@ -136,3 +138,26 @@ def test_a_backend_from_a_plugin_file_runs_samples_through_the_cli(tmp_path):
     records = RunDir(tmp_path / "data" / "plugged").trajectories()
     outputs = [json.loads(t["value"])["output"] for r in records for t in r["conversations"] if t["from"] == "tool"]
     assert outputs == ["marked\n", "marked\n"]
+
+
+def test_a_backend_that_makes_no_images_refuses_a_build_and_keeps_an_image():
+    from agentbatch.sandboxes.base import ImageBuild
+
+    build = ImageBuild("/nowhere", "br-test/none", "0" * 64, "a task")
+    made = registry.get(TOY).prepare_all([SandboxSpec(build=build), SandboxSpec(image="some:image")], 4, print)
+    assert [(m.image, m.error) for m in made] == [(None, f"the {TOY} backend builds no images"), ("some:image", None)]
+
+
+def test_no_docker_engine_stops_a_run_with_images_at_start_with_one_line(tmp_path):
+    """docker's prepare_run checks the engine: rows with an image and no engine stop before anything starts."""
+    from cli_helpers import run_cli, write_dataset
+
+    write_dataset(tmp_path / "rows.jsonl", [{"prompt": "hi", "image": "br-test-busybox:1"}])
+    args = ["--dataset_file=rows.jsonl", "--batch_size=1", "--run_name=r", "--sandbox=local", "--model=scripted"]
+    args.append("--plugins=" + str(Path(__file__).parent / "plugins" / "scripted_model.py"))
+    done = run_cli(args, tmp_path, env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: rows with an image: no Docker engine answers (DockerException); start dockerd or set DOCKER_HOST"
+    ]
+    assert not (tmp_path / "data" / "r").exists()

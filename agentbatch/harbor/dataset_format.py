@@ -1,21 +1,36 @@
 """The `harbor` dataset format: `--dataset_file` naming a Harbor task directory or a directory of them.
 
-Each task is one entry: its instruction is the prompt, its image the one its environment/ builds (or its
-docker_image), its workdir the sample's working directory; its identity (name and a hash of its files) is
-what resume matches, and its metadata (name, difficulty, category, tags) goes into every line it makes.
+It plugs in as any format does (docs/plugins.md shows it as the example). Each task is one entry: its
+instruction is the prompt, its workdir the sample's working directory, and beyond the row's fields: its
+image's build (environment/, built by the docker backend before any sample) or its docker_image, its
+container's resources, its own limits, and its hooks (sample.py: before the agent, and the tests as the
+check). Its identity (name and a hash of its files) is what resume matches, and its metadata (name,
+difficulty, category, tags) goes into every line it makes. In the runner (run.py): the task.toml warnings
+before any sample, the oracle's verdict at the session's end.
 """
 
 from __future__ import annotations
 
+import os
+
 from agentbatch.dataset import Entry
 from agentbatch.dataset_formats import DatasetError, dataset_format
-from agentbatch.harbor.sample import HarborSample, Limits
-from agentbatch.harbor.task_set import TaskSetError, claims, load_tasks
+from agentbatch.dataset_steps import RunContext
+from agentbatch.harbor import run, sample
+from agentbatch.harbor.task_dir import HarborTask
+from agentbatch.harbor.task_set import FORMAT, TaskSetError, claims, load_tasks
+
+COMPOSE_UNSUPPORTED = (
+    "the task's environment/{file} asks for several containers (Docker Compose), which this runner does not "
+    "run: give the task a Dockerfile, or an [environment] docker_image"
+)
 
 
-@dataset_format("harbor")
+@dataset_format(FORMAT)
 class HarborFormat:
     """Harbor task directories (docs/harbor.md)."""
+
+    sandbox_note = "sandbox: docker (each Harbor task in a container of its own image, with its own resources)"
 
     def claims(self, path: str) -> bool:
         return claims(path)
@@ -25,16 +40,28 @@ class HarborFormat:
             tasks, warnings = load_tasks(path, max_samples)
         except TaskSetError as e:
             raise DatasetError(str(e)) from None
-        entries = [
-            Entry(
-                line=n,
-                prompt=t.instruction,
-                image=t.image,
-                cwd=t.config.workdir,
-                identity=t.identity,
-                metadata=t.metadata,
-                harbor=HarborSample.of(t, Limits()),
-            )
-            for n, t in enumerate(tasks, start=1)
-        ]
-        return entries, warnings
+        return [entry(n, t) for n, t in enumerate(tasks, start=1)], warnings
+
+    def prepare(self, entries: list[Entry], context: RunContext) -> None:
+        run.prepare(entries, context)
+
+    def at_end(self, entries: list[Entry], context: RunContext) -> list[str]:
+        return run.at_end(entries, context)
+
+
+def entry(line: int, task: HarborTask) -> Entry:
+    """One task as a dataset entry."""
+    compose = task.compose_file
+    return Entry(
+        line=line,
+        prompt=task.instruction,
+        image=task.config.docker_image,
+        cwd=task.config.workdir,
+        identity=task.identity,
+        metadata=task.metadata,
+        build=task.image_build if task.builds else None,
+        resources=sample.resources(task),
+        limits=sample.limits(task),
+        hooks=sample.HarborHooks(task),
+        unavailable=COMPOSE_UNSUPPORTED.format(file=os.path.basename(compose)) if compose else None,
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from agentbatch.harbor.task_set import FORMAT
 from agentbatch.harbor.verifier import SOLUTION_DIR
 from agentbatch.model.base import ModelCallError, Reply
 from agentbatch.model.registry import register_model
@@ -18,6 +19,12 @@ COMMAND = f"bash {SOLUTION_DIR}/solve.sh"
 # The terminal tool's own cap still applies; the task's agent timeout cuts the command (the prompt's deadline).
 COMMAND_TIMEOUT = 24 * 3600.0
 _NO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+# What a run needs for it, unless given: its one command needs the terminal, its time is the task's, it never reasons.
+IMPLIED_FLAGS = {"distribution": "terminal_only", "require_reasoning": False, "command_timeout": COMMAND_TIMEOUT}
+REFUSAL = (
+    f"--model={NAME} runs Harbor tasks' reference solutions: --dataset_file must name a Harbor task directory or "
+    "a directory of them"
+)
 
 
 def reply(messages: list[dict], tools: list[dict] | None = None) -> dict:
@@ -53,7 +60,7 @@ def _choice(message: dict, finish: str = "stop") -> dict:
     }
 
 
-@register_model(NAME)
+@register_model(NAME, implies=IMPLIED_FLAGS, dataset_formats=(FORMAT,), refusal=REFUSAL)
 class OracleModel:
     """The oracle as a model (model seam): `chat` replays the reference solution; it makes no images."""
 

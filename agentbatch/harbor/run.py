@@ -1,111 +1,41 @@
-"""The parent's part of a run of Harbor tasks: each sample's limits, the images, and the oracle's verdict.
+"""The parent's part of a run of Harbor tasks, the format's steps in the runner (dataset_steps.py): the
+task.toml warnings before any sample, and at the session's end the warnings recorded and the oracle's verdict.
 
-`prepare` runs once before any sample starts: every task's limits from its task.toml and the flags, every
-image built or found (images.py), and each task whose image could not be had marked so that its samples
-fail at once, with the reason, before any model call. `oracle_summary` is the end of an oracle run's
-summary: the reference solutions that pass, and the tasks whose reference solution does not.
+`prepare` says, once per run, each task.toml field that is ignored or not applied (the images are then made by
+the docker backend, as for any entry with a build). `oracle_summary` is the end of an oracle run's summary: the
+reference solutions that pass, and the tasks whose reference solution does not.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
-from collections.abc import Callable
 
 from agentbatch.dataset import Entry
-from agentbatch.errors import FatalError
+from agentbatch.dataset_steps import RunContext
 from agentbatch.harbor import oracle
-from agentbatch.harbor.sample import HarborSample, Limits
-from agentbatch.run_dir import atomic, lines
-from agentbatch.run_dir.files import read_json
-from agentbatch.run_dir.paths import DISCARDED, FAILED, HARBOR_WARNINGS, TRAJECTORIES, RunPaths
+from agentbatch.harbor.sample import HarborHooks
+from agentbatch.run_dir import atomic
+from agentbatch.run_dir.paths import HARBOR_WARNINGS, RunPaths
+from agentbatch.run_dir.reader import RunReader, read_json
 from agentbatch.terminal_text import safe
-
-SANDBOX_NOTE = "sandbox: docker (each Harbor task in a container of its own image, with its own resources)"
-COMPOSE_UNSUPPORTED = (
-    "the task's environment/{file} asks for several containers (Docker Compose), which this runner does not "
-    "run: give the task a Dockerfile, or an [environment] docker_image"
-)
 
 
 def harbor_entries(entries: list[Entry]) -> list[Entry]:
-    return [e for e in entries if isinstance(e.harbor, HarborSample)]
+    return [e for e in entries if isinstance(e.hooks, HarborHooks)]
 
 
-def apply_flags(f: dict, entries: list[Entry]) -> bool:
-    """Whether the entries are Harbor tasks; --model=oracle's implied flags, or FatalError if they are not."""
-    tasks = bool(harbor_entries(entries))
-    if f["model"] != oracle.NAME:
-        return tasks
-    if not tasks:
-        raise FatalError(
-            "--model=oracle runs Harbor tasks' reference solutions: --dataset_file must name a Harbor task "
-            "directory or a directory of them"
-        )
-    # The oracle's one command needs the terminal, its time is the task's, and it never reasons.
-    f["distribution"] = "terminal_only"
-    f["require_reasoning"], f["command_timeout"] = False, oracle.COMMAND_TIMEOUT
-    return tasks
+def prepare(entries: list[Entry], run: RunContext) -> None:
+    """Before any sample: one warning per task.toml field ignored or not applied, unless this run said it already."""
+    for line in field_warnings(entries, shown_warnings(run.run_dir)):
+        run.log(f"warning: {line}")
 
 
-def prepare(entries: list[Entry], run_dir: str, f: dict, given: set[str], log: Callable[[str], None]) -> None:
-    """Limits and images for every Harbor entry (in place); FatalError if there is no Docker engine to build with.
-
-    `f` are the run's flags and `given` the names of those given on the command line (a default
-    --check_timeout does not lower a task's verifier timeout).
-    """
-    tasks = harbor_entries(entries)
-    if not tasks:
-        return
-    from agentbatch.harbor import images  # the docker SDK (~0.1 s to import) only for a run with Harbor tasks
-
-    for line in field_warnings(entries, shown_warnings(run_dir)):
-        log(f"warning: {line}")
-    _engine_or_fatal()
-    limits = Limits(
-        f["timeout_multiplier"], f["prompt_timeout"], f["check_timeout"] if "check_timeout" in given else None
-    )
-    parallel = f["sandbox_starts"] or os.cpu_count() or 1
-    for e in tasks:
-        e.harbor = HarborSample.of(e.harbor.task, limits)
-        if e.harbor.task.compose_file:
-            e.harbor.unavailable = COMPOSE_UNSUPPORTED.format(file=os.path.basename(e.harbor.task.compose_file))
-    results = images.ensure_images(
-        [e.harbor.task for e in tasks if not e.harbor.unavailable],
-        os.path.realpath(run_dir),
-        parallel,
-        log,
-        limits.multiplier,
-    )
-    for e in tasks:
-        task = e.harbor.task
-        result = results.get(task.image)
-        if result is not None:
-            task.image_id = result.image_id
-            if result.error:
-                e.harbor.unavailable = result.error
-        e.image, e.metadata = task.image, task.metadata  # the tag holds its base images' ids: known only now
-    built = sum(r.built for r in results.values() if not r.error)
-    failed = sum(1 for r in results.values() if r.error)
-    if built or failed:
-        found = sum(1 for r in results.values() if not r.built and not r.error)
-        log(
-            f"harbor: {built} image(s) built, {found} found, {failed} failed; "
-            f"remove the images this run built with: {images.remove_command(os.path.realpath(run_dir))}"
-        )
-
-
-def _engine_or_fatal() -> None:
-    import docker
-
-    try:
-        docker.from_env(timeout=30).ping()
-    except Exception as e:  # no engine, however it fails: one line, exit 2
-        raise FatalError(
-            f"Harbor tasks run in Docker containers, but no Docker engine answers ({type(e).__name__}); "
-            "start dockerd or set DOCKER_HOST"
-        ) from None
+def at_end(entries: list[Entry], run: RunContext) -> list[str]:
+    """At the session's end (the run directory is its own by then): the warnings given recorded, and the oracle's
+    verdict when the model is the oracle (the lines printed after the summary)."""
+    _record_warnings(run.run_dir, entries)
+    return oracle_summary(run.run_dir, entries) if run.model == oracle.NAME else []
 
 
 def field_warnings(entries: list[Entry], shown: set[tuple[str, str]] = frozenset()) -> list[str]:
@@ -113,9 +43,9 @@ def field_warnings(entries: list[Entry], shown: set[tuple[str, str]] = frozenset
     to this run (`shown`, shown_warnings) is left out: each is said once per run, not once per session."""
     which: dict[str, list[str]] = defaultdict(list)
     for e in harbor_entries(entries):
-        for what in e.harbor.task.warnings:
-            if (what, e.harbor.task.name) not in shown:
-                which[what].append(e.harbor.task.name)
+        for what in e.hooks.task.warnings:
+            if (what, e.hooks.task.name) not in shown:
+                which[what].append(e.hooks.task.name)
     out = []
     for what, names in which.items():
         some = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
@@ -133,7 +63,7 @@ def shown_warnings(run_dir: str) -> set[tuple[str, str]]:
 def _record_warnings(run_dir: str, entries: list[Entry]) -> None:
     """Every (warning, task) pair of this session's tasks, added to the run's record: the next session is quiet."""
     pairs = shown_warnings(run_dir) | {
-        (w, e.harbor.task.name) for e in harbor_entries(entries) for w in e.harbor.task.warnings
+        (w, e.hooks.task.name) for e in harbor_entries(entries) for w in e.hooks.task.warnings
     }
     if pairs:
         text = json.dumps({"shown": sorted(map(list, pairs))}, ensure_ascii=False, indent=1)
@@ -143,30 +73,12 @@ def _record_warnings(run_dir: str, entries: list[Entry]) -> None:
             pass  # the warnings are said again next session: nothing else depends on it
 
 
-def at_session_end(
-    f: dict, run_dir: str, entries: list[Entry], then: Callable[[int], int] | None
-) -> Callable[[int], int] | None:
-    """The session's last step (`then`, e.g. the exports) after the Harbor tasks' own: the warnings given recorded
-    (the run directory is the session's by then), and the oracle's verdict when the model is the oracle."""
-    if not harbor_entries(entries):
-        return then
-
-    def at_end(code: int) -> int:
-        _record_warnings(run_dir, entries)
-        if f["model"] == oracle.NAME:
-            for line in oracle_summary(run_dir, entries):
-                print(line)
-        return then(code) if then is not None else code
-
-    return at_end
-
-
 def oracle_summary(run_dir: str, entries: list[Entry]) -> list[str]:
     """The oracle's pass rate over the dataset's tasks, then each task whose reference solution does not pass.
 
     Lines of an earlier version of a task (another identity: it was edited since) do not count.
     """
-    tasks = {e.harbor.task.name: e.identity for e in harbor_entries(entries)}
+    tasks = {e.hooks.task.name: e.identity for e in harbor_entries(entries)}
 
     def of_this_dataset(line: dict) -> str | None:
         name, identity = _task_name(line), line.get("identity")
@@ -174,14 +86,14 @@ def oracle_summary(run_dir: str, entries: list[Entry]) -> list[str]:
             return None
         return name
 
+    reader = RunReader(run_dir)  # the lines that count, as the merge kept them
     verdicts: dict[str, list[str]] = defaultdict(list)  # task name -> one word per sample ("passed", or why not)
-    for name in (TRAJECTORIES, DISCARDED):
-        for line in _lines(run_dir, name):
-            task = of_this_dataset(line)
-            if task is not None:
-                verdicts[task].append(_verdict(line))
+    for line in (*reader.trajectories(), *reader.discards()):
+        task = of_this_dataset(line.record)
+        if task is not None:
+            verdicts[task].append(_verdict(line.record))
     failed: dict[str, str] = {}
-    for line in _lines(run_dir, FAILED):
+    for line in (x.record for x in reader.failures()):
         task = of_this_dataset(line)
         if task is not None and task not in verdicts:
             failed[task] = (str(line.get("error") or "failed").splitlines() or ["failed"])[0][:200]
@@ -198,11 +110,6 @@ def oracle_summary(run_dir: str, entries: list[Entry]) -> list[str]:
         lines.append("  reference solution does not pass:")
         lines += [safe(f"    {name}: {why}") for name, why in bad.items()]
     return lines
-
-
-def _lines(run_dir: str, name: str):
-    path = RunPaths(run_dir).path(name)
-    return lines.records(path) if os.path.exists(path) else ()
 
 
 def _task_name(line: dict) -> str | None:

@@ -19,6 +19,7 @@ import stat
 from dataclasses import dataclass, field
 
 from agentbatch.harbor.task_config import TaskConfig, TaskError, parse
+from agentbatch.sandboxes.base import ImageBuild
 
 INSTRUCTION, CONFIG, ENVIRONMENT, TESTS, SOLUTION = "instruction.md", "task.toml", "environment", "tests", "solution"
 TEST_SCRIPT, SOLVE_SCRIPT = "tests/test.sh", "solution/solve.sh"
@@ -29,6 +30,8 @@ MAX_INSTRUCTION_BYTES = 4 * MAX_INSTRUCTION_CHARS  # UTF-8: at most 4 bytes a ch
 MAX_CONFIG_BYTES = 1 << 20  # task.toml
 BOUNDED_DIRS = (ENVIRONMENT, TESTS, SOLUTION)  # copied into an image or a container: each at most MAX_CONTEXT_BYTES
 IMAGE_REPOSITORY = "br-harbor"
+# Every image a run builds carries it (and the run directory's label, sandboxes.base.RUN_DIR_LABEL): docs/harbor.md.
+BUILT_LABEL = "batch_runner.harbor"  # = the task's name
 # Canary lines (benchmark provenance markers) that open an instruction are not shown to the agent, as in Harbor.
 _CANARY = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
 
@@ -45,8 +48,6 @@ class HarborTask:
     context_hash: str | None  # environment/ alone: with base_ids, the image's tag
     compose_file: str | None = None
     warnings: list[str] = field(default_factory=list)
-    base_ids: tuple[str, ...] = ()  # the ids of its FROM images, resolved before its image is looked for (images.py)
-    image_id: str | None = None  # the engine's id of its image, once built or found
 
     @property
     def identity(self) -> str:
@@ -55,7 +56,8 @@ class HarborTask:
 
     @property
     def metadata(self) -> dict:
-        """The trajectory line's task metadata: which task, and which image its sample ran in."""
+        """The trajectory line's task metadata: which task, and which image its sample ran in (the run fills in the
+        image built, and its id, once it is made: dataset_steps.prepare_sandboxes)."""
         c = self.config
         return {
             "name": self.name,
@@ -63,19 +65,29 @@ class HarborTask:
             "category": c.category,
             "tags": list(c.tags),
             "image": self.image,
-            "image_id": self.image_id,
+            "image_id": None,  # known once the run has built or found it
         }
 
     @property
-    def image(self) -> str:
-        """The container image: [environment] docker_image as is, else the one built from environment/, tagged by
-        a hash of its build context and of its FROM images' ids (a base image retagged is another image)."""
+    def image_build(self) -> ImageBuild | None:
+        """The image built from environment/ (None with [environment] docker_image): tagged by a hash of the build
+        context and of its FROM images' ids, so a base image retagged is another image (ImageBuild.tag)."""
         if self.config.docker_image:
-            return self.config.docker_image
-        key = self.context_hash
-        if self.base_ids:
-            key = hashlib.sha256("\0".join((key, *self.base_ids)).encode()).hexdigest()
-        return f"{IMAGE_REPOSITORY}/{safe_name(self.name)}:{key[:20]}"
+            return None
+        return ImageBuild(
+            context=self.file(ENVIRONMENT),
+            repository=f"{IMAGE_REPOSITORY}/{safe_name(self.name)}",
+            context_hash=self.context_hash or "",
+            name=self.name,
+            timeout=self.config.build_timeout,
+            labels=((BUILT_LABEL, self.name),),
+        )
+
+    @property
+    def image(self) -> str:
+        """The container image: [environment] docker_image as is, else the build's tag before its FROM images are
+        resolved (the run's is `image_build.tag(base_ids)`, once they are)."""
+        return self.config.docker_image or self.image_build.tag()
 
     @property
     def builds(self) -> bool:

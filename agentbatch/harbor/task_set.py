@@ -13,6 +13,8 @@ from agentbatch.harbor.task_config import TaskError
 from agentbatch.harbor.task_dir import HarborTask, is_task_dir, load
 from agentbatch.terminal_text import safe
 
+FORMAT = "harbor"  # the dataset format's name (dataset_format.py), which --model=oracle runs (oracle.py)
+
 
 class TaskSetError(Exception):
     """The path holds no task at all."""

@@ -7,7 +7,9 @@ docs/sandboxes.md is their reference: `Sandbox` and `Process` are what tools (an
 from __future__ import annotations
 
 import abc
+import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
@@ -80,9 +82,44 @@ class Resources:
     env: tuple[tuple[str, str], ...] = ()  # variables of the container, over the image's
 
 
+@dataclass(frozen=True)
+class ImageBuild:
+    """An image made from a build context before any sample starts (a Dockerfile's directory, for docker).
+
+    Its reference is `tag(base_ids)`: the repository, tagged by a hash of the context's files and of the ids of the
+    images it is built from, so it is built once, reused by every later run, and built anew when either changes.
+    """
+
+    context: str  # the build context: a directory (its Dockerfile at the top)
+    repository: str  # the image's name without a tag, e.g. "br-harbor/count-errors"
+    context_hash: str  # a hash of every file of the context (path, content, executable bit), made by its format
+    name: str = ""  # what log lines call it (a task's name)
+    timeout: float = 600.0  # seconds the build may take (the runner scales it by --timeout_multiplier)
+    labels: tuple[tuple[str, str], ...] = ()  # on the image, beside the run directory's (RUN_DIR_LABEL)
+
+    def tag(self, base_ids: tuple[str, ...] = ()) -> str:
+        """The image's reference, once the ids of its base images are known (without them: the context's alone)."""
+        key = self.context_hash
+        if base_ids:
+            key = hashlib.sha256("\0".join((key, *base_ids)).encode()).hexdigest()
+        return f"{self.repository}:{key[:20]}"
+
+
+@dataclass
+class Prepared:
+    """What a backend's `prepare_all` made of one spec: the image its samples run in, and why not if it failed."""
+
+    image: str | None = None  # the reference the samples use (a build's tag, once its base images are known)
+    image_id: str | None = None  # the engine's id of that image, when known now
+    built: bool = False  # built now (not found already)
+    error: str | None = None  # why its samples cannot run: they fail at once, before any model call
+    base_ids: tuple[str, ...] = ()  # a build's base images' ids, as its tag holds them
+    seconds: float = 0.0
+
+
 @dataclass
 class SandboxSpec:
-    """Where one sample runs: the run's settings plus the row's own image, working directory and resources."""
+    """Where one sample runs: the run's settings plus the row's own image (or build), working directory, resources."""
 
     settings: SandboxSettings = field(default_factory=SandboxSettings)
     image: str | None = None
@@ -90,11 +127,13 @@ class SandboxSpec:
     run_name: str = "run"
     labels: dict[str, str] = field(default_factory=dict)
     resources: Resources | None = None
+    # The image to make before any sample (Backend.prepare_all); its samples then run in its tag, as `image`.
+    build: ImageBuild | None = None
 
     @property
     def kind(self) -> str:
-        """Its backend, as the run's choice says for a row with an image and for one without."""
-        return self.settings.image_kind if self.image else self.settings.kind
+        """Its backend, as the run's choice says for a row with an image (or a build) and for one without."""
+        return self.settings.image_kind if self.image or self.build else self.settings.kind
 
 
 class Process(Protocol):
@@ -142,8 +181,9 @@ class Sandbox(Protocol):
 class Backend(abc.ABC):
     """A kind of sandbox, registered with `@registry.backend("name")`: it owns the whole life of its sandboxes.
 
-    One instance per process (registry.get). In order: `prepare_run` once per session in the runner,
-    `prepare` for each sample before any model call, `create` when a sample first needs its sandbox,
+    One instance per process (registry.get). In order: `prepare_run` once per session in the runner, then
+    `prepare_all` there for the images and builds the run's entries name, `prepare` for each sample before any
+    model call, `create` when a sample first needs its sandbox,
     `cleanup` when the sample ends, whatever happened; `reap` in the parent for what dead sessions left.
     """
 
@@ -153,6 +193,18 @@ class Backend(abc.ABC):
     def prepare_run(self, settings: SandboxSettings) -> str:
         """Once per session, in the runner: check this backend works here (SandboxError if not); the line it prints."""
         return f"sandbox: {self.name}"
+
+    def prepare_all(self, specs: list[SandboxSpec], parallel: int, log: Callable[[str], None]) -> list[Prepared]:
+        """Once per session, in the runner, before any sample starts: make what the specs need that takes long (an
+        image from its build context), up to `parallel` at once; per spec, in order, what was made or why not.
+
+        Never raises for one spec: its `Prepared.error` fails its samples before any model call. The default makes
+        nothing: an image is the spec's own, and a build is refused.
+        """
+        return [
+            Prepared(error=f"the {self.name} backend builds no images") if s.build else Prepared(image=s.image)
+            for s in specs
+        ]
 
     def prepare(self, spec: SandboxSpec) -> None:  # noqa: B027 (nothing to check is a fine default)
         """Before a sample's first model call: check its sandbox can be made (its image is here); SandboxError if not."""

@@ -1,16 +1,18 @@
-"""The docker backend: one labelled container per sample, from the row's image or the run's default.
+"""The docker backend: one labelled container per sample, from the row's image (or the one its build made) or the
+run's default.
 
-This module only registers it: the docker SDK (docker_engine.py, docker_container.py) is imported when a
-sample first needs it, so runs that never use Docker never load it.
+This module only registers it: the docker SDK (docker_engine.py, docker_images.py, docker_container.py) is
+imported when a run first needs it, so runs that never use Docker never load it.
 """
 
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentbatch.sandboxes import registry
-from agentbatch.sandboxes.base import Backend, SandboxError, SandboxSettings, SandboxSpec
+from agentbatch.sandboxes.base import Backend, Prepared, SandboxError, SandboxSettings, SandboxSpec
 
 if TYPE_CHECKING:
     from agentbatch.sandboxes.docker_container import DockerSandbox
@@ -23,7 +25,18 @@ class DockerBackend(Backend):
     takes_images = True
 
     def prepare_run(self, settings: SandboxSettings) -> str:
+        """The engine answers (SandboxError if not: the run stops at start); the line the run prints."""
+        from agentbatch.sandboxes import docker_engine
+
+        docker_engine.ping()
         return f"sandbox: docker ({'network on' if settings.network else 'no network'})"
+
+    def prepare_all(self, specs: list[SandboxSpec], parallel: int, log: Callable[[str], None]) -> list[Prepared]:
+        """Every build's image built or found, `parallel` at once, and every image's id if it is here
+        (docker_images.py)."""
+        from agentbatch.sandboxes import docker_images
+
+        return docker_images.prepare_all(specs, parallel, log)
 
     def prepare(self, spec: SandboxSpec) -> None:
         """The image is here (pulled if not, once per process); SandboxError at once if it cannot be had."""

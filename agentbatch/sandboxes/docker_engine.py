@@ -36,6 +36,14 @@ def client() -> docker.DockerClient:
     return found
 
 
+def ping() -> None:
+    """SandboxError unless the engine answers, whatever it fails with: the run stops at start with one line."""
+    try:
+        docker.from_env(timeout=30).ping()
+    except Exception as e:  # no socket, a refused connection, a DOCKER_HOST that is not an engine...
+        raise SandboxError(f"no Docker engine answers ({type(e).__name__}); start dockerd or set DOCKER_HOST") from None
+
+
 def message(e: BaseException) -> str:
     """An engine error as one line: its explanation when the engine gave one."""
     text = getattr(e, "explanation", None) or str(e)

@@ -1,7 +1,7 @@
 """A sample's resident shell: one bash per sandbox, PID 1 of its PID namespace, that runs each command in a fork.
 
 Making a sandbox (namespaces, mounts, setpriv, prlimit, a shell) cost 11-12 ms of the machine's CPU for every
-command; a fork of a shell that is already there costs a fraction of one (bench/RESULTS.md, (20)). So the
+command; a fork of a shell that is already there costs a fraction of one (bench/RESULTS.md, (23)). So the
 bwrap and local sandboxes start this shell once, at their first command, and hand it each command:
 
 - the command's text goes into a memfd only the shell holds, a newline on its stdin says "run it";

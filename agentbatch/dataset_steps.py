@@ -1,0 +1,112 @@
+"""A dataset's steps in the runner around a session (docs/datasets.md, "Steps in the runner").
+
+Before any sample starts (`prepare`): the format's own `prepare` if it has one, then every entry's own time
+limits bounded by the run's flags, then the images and builds the entries name made ready by their backend
+(`Backend.prepare_all`: images built once, in parallel), each entry taking the image its samples run in and,
+when that could not be had, the reason its samples fail at once. At the session's end (`at_end`): the
+format's `at_end`, whose lines (a verdict over the run) are printed after the session's summary.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from agentbatch.dataset import Entry
+from agentbatch.dataset_formats import DatasetFormat
+from agentbatch.errors import FatalError
+from agentbatch.limits import TimeoutBounds
+from agentbatch.model import registry as models
+from agentbatch.sandboxes import registry as sandbox_backends
+from agentbatch.sandboxes.base import Prepared, SandboxSpec
+from agentbatch.work import RunConfig
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a format's steps in the runner get of the run: its directory, its model, where to say things."""
+
+    run_dir: str  # data/<run_name>/: read it, or write a file of the format's own (the session holds the lock)
+    model: str  # the run's --model
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
+
+
+def refuse_other_formats(model: str, fmt: DatasetFormat) -> None:
+    """FatalError when the run's model is registered for other dataset formats only (model.registry.refusal)."""
+    refused = models.refusal(model, fmt.name)
+    if refused:
+        raise FatalError(refused)
+
+
+def prepare(
+    fmt: DatasetFormat, entries: list[Entry], run: RunContext, bounds: TimeoutBounds, cfg: RunConfig, parallel: int
+) -> None:
+    """Everything before any sample starts, on the entries in place (module docstring); `parallel`: how many
+    images may be built at once (--sandbox_starts, else one per core)."""
+    own = getattr(fmt, "prepare", None)
+    if own is not None:
+        own(entries, run)
+    for e in entries:
+        e.limits = bounds.bound(e.limits)
+    prepare_sandboxes(entries, bounds, cfg, parallel, lambda line: run.log(f"{fmt.name}: {line}"))
+
+
+def prepare_sandboxes(
+    entries: list[Entry], bounds: TimeoutBounds, cfg: RunConfig, parallel: int, log: Callable[[str], None]
+) -> None:
+    """Each distinct image or build the entries name, made ready once by its backend; the entries told the outcome.
+
+    An entry takes the image its samples run in (a build's tag), its metadata that image and the engine's id of
+    it (the line's `task.image`, `task.image_id`; null without one), and the reason when it could not be had
+    (`unavailable`).
+    """
+    keys: list[tuple | None] = []
+    specs: dict[tuple, SandboxSpec] = {}
+    for e in entries:
+        if e.unavailable or not (e.image or e.build):
+            keys.append(None)
+            continue
+        build = replace(e.build, timeout=bounds.scaled(e.build.timeout)) if e.build else None
+        spec = SandboxSpec(cfg.sandbox, e.image, run_name=cfg.run_name, labels=dict(cfg.sandbox_labels), build=build)
+        keys.append((spec.kind, e.image, e.build))
+        specs.setdefault(keys[-1], spec)
+    made: dict[tuple, Prepared] = {}
+    for kind in dict.fromkeys(key[0] for key in specs):
+        same = [key for key in specs if key[0] == kind]
+        done = sandbox_backends.get(kind).prepare_all([specs[k] for k in same], parallel, log)
+        made.update(zip(same, done, strict=True))
+    for e, key in zip(entries, keys, strict=True):
+        prepared = made.get(key) if key is not None else None
+        if prepared is not None:
+            e.image = prepared.image or e.image
+            e.unavailable = prepared.error or e.unavailable
+        if e.metadata is None:
+            continue
+        if prepared is not None:
+            e.metadata = {**e.metadata, "image": e.image, "image_id": prepared.image_id}
+        else:  # no image made: the line's task still has the keys every line's has
+            e.metadata = {"image": e.image, "image_id": None, **e.metadata}
+
+
+def sandbox_note(fmt: DatasetFormat, note: str) -> str:
+    """The line that says where the samples run: the format's own when it has one (its entries make their own
+    sandboxes), else the run's sandbox's."""
+    return getattr(fmt, "sandbox_note", None) or note
+
+
+def at_end(
+    fmt: DatasetFormat, entries: list[Entry], run: RunContext, then: Callable[[int], int] | None
+) -> Callable[[int], int] | None:
+    """The session's last step: the format's `at_end` (its lines printed after the summary), then `then`
+    (the exports and the report asked for), given the exit code while the session still holds the run."""
+    own = getattr(fmt, "at_end", None)
+    if own is None:
+        return then
+
+    def at_session_end(code: int) -> int:
+        for line in own(entries, run) or ():
+            print(line)
+        return then(code) if then is not None else code
+
+    return at_session_end
