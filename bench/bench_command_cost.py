@@ -49,8 +49,11 @@ def _bwrap(spec_kind: str):
 
 
 def _docker():
+    from agentbatch import plugins
     from agentbatch.sandboxes import registry
     from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec
+
+    plugins.load(())  # the built-in backends, as a run loads them before any sandbox is asked for
 
     spec = SandboxSpec(SandboxSettings(kind="docker"), image=DOCKER_IMAGE, run_name="bench-command-cost")
     return registry.get("docker").create(spec)
