@@ -11,6 +11,8 @@ it, answered at once), as issue 30 measured it. Every other flag at its default,
       Retry-After only. Goodput as a share of the limit in force over the run, and how soon after the
       limit's return the accepted rate is back.
 (18)  no limit at all: (8)'s --num_workers=32, (9), (10b) and (10) with pacing on and off.
+(16f) the first second (issue 38): 400 one-call prompts at R = 50 (0.2 s), Retry-After only, concurrency 64
+      and 256: goodput over the whole run, the process's start included: N / R ÷ the CLI's wall time.
 
 Goodput is what the endpoint accepted between its first and last accepted request, per second, so that
 start-up and the last replies (the run's tail) are not counted against the pacer.
@@ -43,11 +45,13 @@ def limited_run(
     with Server(latency=latency, asyncio=True, script=script, extra=tuple(extra)) as srv:
         r = run_cli(name, write_dataset(prompts), srv.base_url, f"--concurrency={conc}", retries=None, codes=(0, 3))
         seen = srv.get("/_rate")
+        timings = srv.timings()
     sent = seen["accepted"] + seen["refused"]
     span = seen["last_accepted"] - seen["first_accepted"] if seen["accepted"] > 1 else float("nan")
     return dict(
         r,
         rate=seen,
+        timings=timings,
         accepted=seen["accepted"],
         refused=seen["refused"],
         refused_share=seen["refused"] / sent if sent else 0.0,
@@ -93,6 +97,27 @@ def bench_retry_after_only(results: dict, headers: str = "retry-after") -> None:
         f"({key}) targets (goodput >= {goodput_target:.0%} of R, 429 <= 5 %, no prompt failing, every run): "
         f"{'met' if met else 'NOT met'}",
     )
+
+
+def bench_first_second(results: dict, rounds: int = 2, prompts: int = 400, rate: float = 50.0) -> None:
+    """(16f) N / R against the whole CLI run, start-up included; where the time beyond N / R went."""
+    floor = prompts / rate
+    for conc in CONCURRENCIES:
+        for i in range(rounds):
+            r = limited_run(f"first_second_{conc}_{i}", prompts, 1, rate, conc, 0.2, "retry-after")
+            start = r["timings"]["first_request"] - r["started"]
+            end = r["ended"] - r["timings"]["last_reply"]
+            results.setdefault("first_second", []).append(dict(r, conc=conc))
+            share = floor / r["wall"]
+            report(
+                results,
+                "first_second",
+                f"(16f) Retry-After only, R = {rate:g}/s, {prompts} one-call prompts at 0.2 s, concurrency {conc}: "
+                f"wall {r['wall']:.2f} s against N / R = {floor:.1f} s: goodput {share:.1%} of R over the whole "
+                f"run (command to first request {start:.2f} s, first to last accepted {r['span']:.2f} s, last "
+                f"reply to exit {end:.2f} s); {r['refused']} requests 429, {r['failed']} failed "
+                f"[target >= 90 %: {'met' if share >= 0.90 and not r['failed'] else 'NOT met'}]",
+            )
 
 
 def limit_in_force(schedule, origin: float, start: float, end: float) -> float:

@@ -15,9 +15,12 @@
     python bench/run_bench.py --only 15       # --report over 100,000 lines: size, time to write, first paint in Chromium
     python bench/run_bench.py --only 16,16n,17  # the pacer against a window limit: Retry-After only, a bare 429,
                                                 # a limit that moves (bench_pacing.py)
+    python bench/run_bench.py --only 16f      # the first second of a rate-limited run (issue 38)
     python bench/run_bench.py --only 18       # what pacing costs (8), (9), (10b), (10) against no limit
     python bench/run_bench.py --only 19,19s   # tool-calling runs against their floor; each sandbox's cost per call
     python bench/run_bench.py --only 20       # finding plug-ins' entry points: importlib.metadata, cached, the old scan
+    python bench/run_bench.py --only 23       # what starting one command costs the machine, every candidate way
+    python bench/run_bench.py --only 24,24s   # the tool-heavy run (120 prompts x 10 commands) against its floor
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -34,10 +37,11 @@ import sys
 import time
 
 import psutil
+from bench_command_cost import bench_command_cost
 from bench_entry_points import bench_entry_points
 from bench_export import bench_export
 from bench_mcp import bench_mcp
-from bench_pacing import bench_moving_limit, bench_pacing_cost, bench_retry_after_only
+from bench_pacing import bench_first_second, bench_moving_limit, bench_pacing_cost, bench_retry_after_only
 from bench_rate_limit import bench_probe_cost, bench_rate_limit
 from bench_report import bench_report
 from bench_resume import bench_resume
@@ -45,7 +49,7 @@ from bench_sandbox_starts import bench_sandbox_starts
 from bench_sandboxes import bench_sandboxes
 from bench_scale import bench_layouts, bench_overhead, bench_sessions
 from bench_scheduling import bench_scheduling
-from bench_tool_floor import bench_tool_floor
+from bench_tool_floor import bench_tool_floor, bench_tool_heavy
 from common import CALLS_PER_PROMPT, GIB, MIB, OUT, Server, check_all_done, report, run_cli, write_dataset
 
 
@@ -173,6 +177,8 @@ def main() -> int:
         bench_retry_after_only(results, "retry-after")
     if "16n" in which:
         bench_retry_after_only(results, "none")
+    if "16f" in which:
+        bench_first_second(results)
     if "17" in which:
         bench_moving_limit(results)
     if "18" in which:
@@ -181,6 +187,10 @@ def main() -> int:
         bench_tool_floor(results, sandboxes="19s" in which)
     if "20" in which:
         bench_entry_points(results)
+    if "23" in which:
+        bench_command_cost(results)
+    if which & {"24", "24s"}:
+        bench_tool_heavy(results, sandboxes="24s" in which)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

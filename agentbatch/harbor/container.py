@@ -85,13 +85,15 @@ def probe(sandbox: Sandbox) -> Probe:
 
 
 def end_processes(sandbox: Sandbox) -> None:
-    """Kill every process the agent left running in the container (its commands, servers, loops)."""
-    run(sandbox, END_PROCESSES)
+    """Kill every process the agent left running in the container (its commands, servers, loops, and the shell
+    that ran its commands): in an exec of its own, which the kill spares."""
+    run(sandbox, END_PROCESSES, alone=True)
 
 
-def run(sandbox: Sandbox, command: str, timeout: float = COMMAND_TIMEOUT) -> str:
-    """A command of ours in the container; SandboxError unless it exits 0."""
-    done = sandbox.exec(command, timeout=timeout)
+def run(sandbox: Sandbox, command: str, timeout: float = COMMAND_TIMEOUT, alone: bool = False) -> str:
+    """A command of ours in the container; SandboxError unless it exits 0. `alone`: in an exec of its own."""
+    exec_ = getattr(sandbox, "exec_alone", sandbox.exec) if alone else sandbox.exec
+    done = exec_(command, timeout=timeout)
     if done.timed_out or done.exit_code != 0:
         first = command.strip().splitlines()[0][:80]
         raise SandboxError(f"{first!r} failed in the container: {' '.join(done.output.split())[-300:]}")

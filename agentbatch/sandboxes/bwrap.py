@@ -1,4 +1,4 @@
-"""The bwrap backend: every command in its own bubblewrap sandbox over the prompt's temporary directory.
+"""The bwrap backend: a bubblewrap sandbox per sample over its temporary directory, a fork of its shell per command.
 
 What a command sees: the host's system directories read-only (/usr, /etc, the /bin and /lib links...),
 its own /proc (only its own processes), a private /dev, its working directory (the row's `cwd` as a path
@@ -8,10 +8,14 @@ namespaces (and network, with `network=False`), without capabilities, as `nobody
 (else as the runner's own uid), with no_new_privs, under rlimits (processes, data size, file size, CPU
 time) and an OOM score that makes the kernel kill it before the runner.
 
-Containment by construction: the command's shell runs below a PID 1 that bwrap starts with
---die-with-parent. When the shell exits, when the deadline kills bwrap, or when the worker dies, PID 1
-dies and the kernel kills everything left in the namespace: setsid, double forks and processes that
-changed their environment included. Nothing is looked for; nothing survives its command.
+The sandbox is made at the sample's first command: bwrap (with --die-with-parent) starts the sample's
+resident shell as PID 1 of its PID namespace (resident.py), and every command is a fork of that shell.
+Containment by construction: when a command's shell exits, PID 1 kills every other process of the
+namespace and waits for them to be gone before it reports the exit code; when the deadline passes, or
+when the worker dies, bwrap dies, PID 1 with it, and the kernel kills everything left in the namespace:
+setsid, double forks and processes that changed their environment included. Nothing is looked for;
+nothing survives its command. A command that comes while another runs (a tool's threads) gets a sandbox
+of its own, as every command had before: the same view, made for it alone.
 
 The file tools act in the same view: a path that maps, without symbolic links or `..`, onto the prompt's
 directories (or, for reads, onto a system directory the sandbox's user may read) is read or written
@@ -46,6 +50,7 @@ from agentbatch.sandboxes.base import (
 )
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
+from agentbatch.sandboxes.resident import ResidentShell
 
 DEFAULT_WORKDIR = "/workspace"
 FILE_OP_TIMEOUT = 60.0  # also how long a long-lived process's sandbox may take to start
@@ -56,6 +61,8 @@ PRIVATE_DIRS = ("/proc", "/dev", "/sys", "/run")
 STARTED = b"br-sandbox-started\n"
 # The shell that starts every command: says the sandbox is up, volunteers to the OOM killer, runs it.
 START = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec /bin/bash -c "$1"'
+# What starts the resident shell (non-dumpable: it could not do this itself), its argv following.
+START_SHELL = 'echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
 # The same for a long-lived process: its argv follows.
 START_PROCESS = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
 # The file tools' operations inside the sandbox, for paths the direct route cannot take.
@@ -121,10 +128,12 @@ def sandbox_user() -> tuple[int, int] | None:
 
 
 class BwrapSandbox:
-    """One prompt's bwrap sandboxes: a directory on the host, and one sandbox per command over it."""
+    """One sample's bwrap sandbox: a directory on the host, and the namespaces over it with their resident shell."""
 
-    def __init__(self, spec: SandboxSpec):
+    def __init__(self, spec: SandboxSpec, lasting: bool = True):
+        """`lasting=False`: its shell is started from the caller's thread (a probe's, which ends it before returning)."""
         self.settings = spec.settings
+        self._lasting = lasting
         self.workdir = posixpath.normpath(spec.cwd) if spec.cwd else DEFAULT_WORKDIR
         self._user = sandbox_user()
         # The base stays the runner's (others may only pass through it); work/ and tmp/ are the sandbox user's.
@@ -148,6 +157,8 @@ class BwrapSandbox:
         self._mounts = sorted(mounts, key=lambda m: len(m[0]), reverse=True)
         self._outer, opts, self._inner = self._bwrap_args(system_args)
         self._options = b"".join(o.encode() + b"\0" for o in opts)
+        self._shell: ResidentShell | None = None
+        self._shell_lock = threading.Lock()
 
     def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
         """The command line before bwrap's options, the options (given on a pipe), and what follows them."""
@@ -187,7 +198,39 @@ class BwrapSandbox:
         os.close(write)
         return [*self._outer, "--args", str(read), *self._inner, *command], read
 
+    def _shell_prefix(self) -> tuple[list[str], tuple[int, ...]]:
+        """What starts the resident shell: this sandbox, the shell as its PID 1 (no bwrap init), its limits."""
+        read, write = os.pipe()
+        os.write(write, self._options + b"--as-pid-1\0")
+        os.close(write)
+        inner = ["--", "/bin/sh", "-c", START_SHELL, "sh", *self._inner[1:]]
+        return [*self._outer, "--args", str(read), *inner], (read,)
+
     def exec(self, command: str, timeout: float) -> ExecResult:
+        shell = self._free_shell()
+        if shell is None:
+            return self._exec_apart(command, timeout)
+        try:
+            done = shell.run(command, timeout)
+        finally:
+            shell.lock.release()
+        if done.timed_out:
+            return ExecResult(done.output.text(), -9, timed_out=True)
+        return ExecResult(done.output.text(), done.returncode)
+
+    def _free_shell(self) -> ResidentShell | None:
+        """The sample's resident shell, locked for one command (started now if there is none, or it ended);
+        None while another command holds it."""
+        with self._shell_lock:
+            if self._shell is not None and self._shell.dead:
+                self._shell.close()
+                self._shell = None
+            if self._shell is None:
+                self._shell = ResidentShell(self._shell_prefix, self._env, "/", self._lasting)
+            return self._shell if self._shell.lock.acquire(blocking=False) else None
+
+    def _exec_apart(self, command: str, timeout: float) -> ExecResult:
+        """A command in a bwrap sandbox of its own over the same directories (the resident shell is busy)."""
         argv, options = self._argv(["/bin/sh", "-c", START, "sh", command])
         try:
             done = stream(
@@ -300,6 +343,10 @@ class BwrapSandbox:
         return done.stdout[len(STARTED) :]
 
     def cleanup(self) -> None:
+        with self._shell_lock:
+            shell, self._shell = self._shell, None
+        if shell is not None:
+            shell.close()
         processes, self._processes = self._processes, []
         for process in processes:
             process.kill()
@@ -345,7 +392,7 @@ def _try(settings: SandboxSettings) -> str | None:
         return f"{' and '.join(missing)} not found (Debian: apt-get install bubblewrap util-linux)"
     sandbox = None
     try:
-        sandbox = BwrapSandbox(SandboxSpec(settings))
+        sandbox = BwrapSandbox(SandboxSpec(settings), lasting=False)  # the runner forks its workers as one thread
         result = sandbox.exec("exit 0", timeout=30)
         return None if result.exit_code == 0 else f"a test command failed: {one_line(result.output)}"
     except (SandboxError, OSError) as e:
@@ -372,7 +419,7 @@ def check_cwd(cwd: str | None) -> None:
 
 @registry.backend("bwrap")
 class BwrapBackend(sandbox_dirs.WorkerDirBackend):
-    """Every command in its own bubblewrap sandbox over the sample's directory."""
+    """A bubblewrap sandbox per sample over its directory, each command a fork of its resident shell."""
 
     def prepare_run(self, settings: SandboxSettings) -> str:
         why_not = probe(settings)
@@ -380,7 +427,7 @@ class BwrapBackend(sandbox_dirs.WorkerDirBackend):
             raise SandboxError(f"bwrap does not work here: {why_not}")
         user = "nobody" if sandbox_user() else "your uid"
         net = "network on" if settings.network else "no network"
-        return f"sandbox: bwrap (every command in its own namespaces as {user}, system directories read-only, {net})"
+        return f"sandbox: bwrap (each sample in its own namespaces as {user}, system directories read-only, {net})"
 
     def prepare(self, spec: SandboxSpec) -> None:
         check_cwd(spec.cwd)

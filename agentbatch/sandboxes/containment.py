@@ -36,7 +36,7 @@ class Command:
         self.cgroup = cgroup
         shell = ["/bin/bash", "-c", command]
         if method == "pidns":
-            self.argv = ["setpriv", "--pdeathsig", "KILL", "--", *_unshare(), "--", *shell]
+            self.argv = [*namespace_prefix(), *shell]
         elif method == "cgroup":
             # The shell moves itself into the cgroup before it runs anything, so every descendant starts there.
             enter = 'echo $$ > "$0/cgroup.procs" || exit 125; exec /bin/bash -c "$1"'
@@ -60,6 +60,11 @@ class Command:
             kill_cgroup(self.cgroup)
         elif self.method == "scan":
             kill_tagged({self.tag})
+
+
+def namespace_prefix() -> list[str]:
+    """What runs a program as PID 1 of a PID namespace of its own that dies with its worker (the pidns method)."""
+    return ["setpriv", "--pdeathsig", "KILL", "--", *_unshare(), "--"]
 
 
 def _unshare() -> list[str]:

@@ -1,7 +1,8 @@
 """The docker backend's sandbox: one labelled container per sample, driven through the docker SDK.
 
-A container runs an idle shell loop as PID 1; every command is a `docker exec` of `sh -c` (bash when the
-image has it) in the working directory, with a deadline enforced from the host. Files move through the
+A container runs an idle shell loop as PID 1; every command is `sh -c` (bash when the image has it) in the
+working directory, started by the container's resident shell (docker_resident.py: one `docker exec` for all
+the sample's commands) or by an exec of its own, with a deadline enforced from the host. Files move through the
 archive API, so reading and writing work in images that hold no tools at all. The working directory is
 the row's `cwd`, else the image's WORKDIR, else /workspace; Docker creates it if absent.
 
@@ -20,6 +21,7 @@ import io
 import posixpath
 import re
 import tarfile
+import threading
 import time
 import uuid
 
@@ -36,6 +38,7 @@ from agentbatch.sandboxes.base import (
     SandboxSpec,
 )
 from agentbatch.sandboxes.docker_engine import ENGINE_ERRORS, client, message, remove
+from agentbatch.sandboxes.docker_resident import NoFifo, ResidentExec
 from agentbatch.sandboxes.docker_stream import ExecProcess, close, pump
 from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput
 
@@ -135,6 +138,9 @@ class DockerSandbox:
         self.image = image = spec.image or spec.settings.docker_image
         self.container_id: str | None = None
         self._processes: list[ExecProcess] = []
+        self._resident: ResidentExec | None = None
+        self._resident_lock = threading.Lock()
+        self._resident_refused = False  # the image cannot make a FIFO, or its shell would not start
         self._beside = beside
         try:
             config = engine.images.get(image).attrs.get("Config") or {}
@@ -205,10 +211,54 @@ class DockerSandbox:
         self._exec(["sh", "-c", script, "sh", self.workdir], timeout=30, user="0")
 
     def exec(self, command: str, timeout: float) -> ExecResult:
-        """Run a shell command in the working directory; past the timeout it is killed with what it started."""
+        """Run a shell command in the working directory; past the timeout it is killed with what it started.
+
+        It runs in the container's resident shell (docker_resident.py) when that is free, else in an exec of
+        its own, as the same text, with the same tag.
+        """
         # The first line of output is the shell's PID (a session leader), so a timeout can kill what it started.
         script = 'echo "$$"; exec 2>&1\n' + command
-        return self._exec([self.shell, "-c", script], timeout, tag=_new_tag())
+        resident = self._free_resident()
+        if resident is not None:
+            try:
+                return resident.run(script, _new_tag(), timeout)
+            except NoFifo:
+                self._resident_refused = True
+            finally:
+                resident.lock.release()
+        return self._exec_apart(command, timeout)
+
+    def exec_alone(self, command: str, timeout: float) -> ExecResult:
+        """A command in an exec of its own, the resident shell ended first: for one that kills every process of
+        the container (the runner's own clean-up, harbor/container.py), which would kill that shell under it."""
+        with self._resident_lock:
+            resident, self._resident = self._resident, None
+        if resident is not None:
+            with resident.lock:
+                resident.close()
+        return self._exec_apart(command, timeout)
+
+    def _exec_apart(self, command: str, timeout: float) -> ExecResult:
+        return self._exec([self.shell, "-c", 'echo "$$"; exec 2>&1\n' + command], timeout, tag=_new_tag())
+
+    def _free_resident(self) -> ResidentExec | None:
+        """The container's resident shell, locked for one command (started now if there is none, or it ended);
+        None while another command holds it, or where the image cannot have one."""
+        with self._resident_lock:
+            if self._resident_refused or not self.container_id:
+                return None
+            if self._resident is not None and not self._resident.alive():
+                self._resident.close()
+                self._resident = None
+            if self._resident is None:
+                try:
+                    self._resident = ResidentExec(self)
+                except SandboxLost:
+                    raise
+                except SandboxError:
+                    self._resident_refused = True
+                    return None
+            return self._resident if self._resident.lock.acquire(blocking=False) else None
 
     def _exec(self, cmd: list[str], timeout: float, tag: str | None = None, user: str = "") -> ExecResult:
         """Run cmd; with a tag, its first line is its PID, and at the timeout it goes with all it started."""
@@ -419,6 +469,10 @@ class DockerSandbox:
         cid, self.container_id = self.container_id, None
         if cid:
             remove(cid)
+        with self._resident_lock:
+            resident, self._resident = self._resident, None
+        if resident is not None:
+            resident.close()
         processes, self._processes = self._processes, []
         for process in processes:  # gone with the container (or with their own): this closes their connections
             process.kill()

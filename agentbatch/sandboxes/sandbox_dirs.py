@@ -22,8 +22,12 @@ PREFIX = "br-sandbox-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)\.(\d+)-")
 
 
-def process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat); None if it is gone."""
+def process_start(pid: int, running: bool = False) -> int | None:
+    """A process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat); None if it is gone.
+
+    `running`: None also for a zombie, dead and only waiting to be reaped (a killed runner's workers wait
+    for the init that inherited them, which may be slow to reap them).
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat_line = f.read()
@@ -31,6 +35,8 @@ def process_start(pid: int) -> int | None:
         return None
     # Field 2 (the command name) may hold spaces and parentheses: count fields after its closing ")".
     fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+    if running and fields[:1] in ([b"Z"], [b"X"]):
+        return None
     try:
         return int(fields[19])
     except (IndexError, ValueError):
@@ -79,7 +85,7 @@ def owner_alive(name: str) -> bool:
     if not m:
         return True
     pid, start = int(m.group(1)), int(m.group(2))
-    return process_start(pid) == start
+    return process_start(pid, running=True) == start
 
 
 def dead_leftovers() -> list[str]:

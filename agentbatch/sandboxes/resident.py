@@ -1,0 +1,324 @@
+"""A sample's resident shell: one bash per sandbox, PID 1 of its PID namespace, that runs each command in a fork.
+
+Making a sandbox (namespaces, mounts, setpriv, prlimit, a shell) cost 11-12 ms of the machine's CPU for every
+command; a fork of a shell that is already there costs a fraction of one (bench/RESULTS.md, (23)). So the
+bwrap and local sandboxes start this shell once, at their first command, and hand it each command:
+
+- the command's text goes into a memfd only the shell holds, a newline on its stdin says "run it";
+- the shell forks a subshell in the foreground, in a process group of its own (job control), with no signal
+  ignored; it takes /dev/null as stdin and the output pipe as stdout and stderr, closes every descriptor of
+  the shell's own, goes to the working directory and runs the text as `bash -c` would (`eval` of
+  BASH_EXECUTION_STRING, from line 1). The limits (bwrap's prlimit) are the shell's, so each process's own
+  as before; what differs from a `bash -c` of its own: `$$` is the shell's PID (1), a syntax error says
+  `eval:` where it said `-c:`, and a command that stops itself ends (exit 147) instead of waiting for its
+  deadline;
+- once the subshell has exited, the shell, PID 1, kills every other process of the namespace (`kill -9 -1`),
+  waits until none is left, and only then writes the exit code on the status pipe: all the command's output
+  is in the output pipe by then, and nothing it started runs on.
+
+What a command cannot do to the shell: signal it (the kernel delivers no signal to a namespace's PID 1 from
+inside it that PID 1 does not handle), or read, trace or write it: the shell is executed from a copy of bash
+its user may run but not read, so the kernel makes it non-dumpable (its /proc/1/mem, fd, environ and ptrace
+are refused to the commands), and the memfd is read-only to that user. Where the kernel cannot execute that
+copy, plain bash runs (dumpable: a command could then tamper with its own sample's shell, not escape).
+
+Everything that goes wrong ends in one way: the shell is killed (its namespace, and all in it, with it) and
+the next command starts another. A command past its deadline kills it; a shell that dies under a command
+fails that command (SandboxError); a shell busy with one command (two at once from a tool's threads) leaves
+the other to the backend's one-off sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+from agentbatch.sandboxes.base import SandboxError, one_line
+from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput, Streamed
+from agentbatch.sandboxes.process import on_lasting_thread
+
+BASH = "/bin/bash"  # what every command ran in before, the host's own in bwrap and local alike
+READY = "ready"
+START_TIMEOUT = 60.0  # seconds a shell may take to start (bwrap under a loaded machine)
+_MFD_EXEC = 0x0010  # memfd_create's MFD_EXEC (Linux 6.3+): executable even where memfds default to noexec
+_CHUNK = 65536
+
+
+def runner_script(out: int, command: int, shell: int | None) -> str:
+    """The shell's program, on one line so that a command's line numbers are its own (eval counts from it).
+
+    `out`, `command`, `shell`: the numbers of its output pipe, its command memfd and the copy of bash it was
+    executed from (None: plain bash), as it inherits them.
+    """
+    run = [
+        "set +m",  # the command's own shell has no job control, as `bash -c` has none
+        f"exec 0</dev/null 1>&{out} 2>&{out} {out}>&- {command}<&-",
+        'cd -- "$__br_wd" || exit 126',
+        "unset -v OLDPWD __br_wd __br_go __br_rc",
+        "export OLDPWD",  # exported and unset, as a fresh bash has it
+        'eval "$BASH_EXECUTION_STRING"',
+    ]
+    steps = [
+        f"exec {'' if shell is None else f'{shell}<&- '}2>/dev/null",  # job notices go nowhere
+        "set -m",  # job control: each command in the foreground, in a process group of its own
+        "__br_wd=$PWD",
+        f'printf "{READY}\\n"',
+        "while read -r __br_go; do unset -v BASH_EXECUTION_STRING",
+        f'. /dev/fd/{command} || {{ printf "unread\\n"; continue; }}',
+        "( " + "; ".join(run) + " ); __br_rc=$?",
+        # Only as PID 1 of its own namespace does kill -1 mean "every process of this sandbox".
+        'if [ "$$" = 1 ]; then kill -9 -1; while kill -0 -1; do read -r -t 0.002 __br_go; done; fi 2>/dev/null',
+        'printf "%d\\n" "$__br_rc"; done',
+    ]
+    return "; ".join(steps)
+
+
+def request(command: str) -> bytes:
+    """What the shell sources for one command: the text as BASH_EXECUTION_STRING, in single quotes."""
+    if "\0" in command:
+        raise ValueError("embedded null byte")
+    return ("BASH_EXECUTION_STRING='" + command.replace("'", "'\\''") + "'\n").encode("utf-8", "surrogateescape")
+
+
+_shell_lock = threading.Lock()
+_shell: list[int | None] = []  # [fd of the exec-only copy of bash, or None where the kernel refused it]
+
+
+def shell_fd() -> int | None:
+    """A memfd holding bash that the sandbox's user may execute but not read (so it runs non-dumpable), made once
+    per process and shared by its forks; None where this kernel cannot have one."""
+    with _shell_lock:
+        if not _shell:
+            _shell.append(_exec_only_copy(BASH))
+        return _shell[0]
+
+
+def _exec_only_copy(path: str) -> int | None:
+    for flags in (os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING | _MFD_EXEC, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING):
+        try:
+            fd = os.memfd_create("bash", flags)
+        except (OSError, AttributeError):
+            continue
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, 0o111)
+            seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+            return fd
+        except (OSError, AttributeError):
+            os.close(fd)
+    return None
+
+
+def forget_shell() -> None:
+    """Use plain bash from now on (the kernel refused to execute the copy)."""
+    with _shell_lock:
+        if _shell and _shell[0] is not None:
+            with contextlib.suppress(OSError):
+                os.close(_shell[0])
+        _shell[:] = [None]
+
+
+class ShellEnded(SandboxError):
+    """The resident shell ended (or broke its protocol) while a command ran: that command fails."""
+
+
+class ResidentShell:
+    """A running resident shell: `run` one command at a time (holding `lock`); `close` ends it and its namespace.
+
+    `prefix()` gives the command line that puts a program in the sandbox as PID 1 of its PID namespace
+    (bwrap's, or setpriv and unshare) and the fds it needs passed (closed here once it started); it runs with
+    `env` in `cwd`. It is started from the process's lasting thread (process.py), since it dies with the thread
+    that started it; `lasting=False` starts it from the caller's (a probe, whose shell ends before it returns).
+    """
+
+    def __init__(
+        self, prefix: Callable[[], tuple[list[str], tuple[int, ...]]], env: dict, cwd: str, lasting: bool = True
+    ):
+        self.lock = threading.Lock()
+        self._lasting = lasting
+        self.dead = False
+        self._proc: subprocess.Popen | None = None
+        self._buffer = b""
+        self._req = self._status = self._out = self._command = -1
+        self._command = os.memfd_create("command", os.MFD_CLOEXEC)
+        os.fchmod(self._command, 0o444)  # its user may read it, not write it (this process writes through its fd)
+        shell = shell_fd()
+        why = self._start(prefix, env, cwd, shell)
+        if why is not None and shell is not None and "fd/" in why:
+            forget_shell()  # this kernel would not execute the copy (a noexec memfd): plain bash from now on
+            why = self._start(prefix, env, cwd, None)
+        if why is not None:
+            self.close()
+            raise SandboxError(f"the sandbox did not start: {why}")
+
+    def _start(self, prefix, env: dict, cwd: str, shell: int | None) -> str | None:
+        """Start the shell and wait for it to say it is ready; None once it is, else why not."""
+        self._close_pipes()
+        req_r, self._req = os.pipe()
+        self._status, status_w = os.pipe()
+        self._out, out_w = os.pipe()
+        head, pass_fds = prefix()
+        path = f"/proc/self/fd/{shell}" if shell is not None else BASH
+        argv = [*head, path, "-c", runner_script(out_w, self._command, shell), "/bin/bash"]  # $0 as before
+        fds = (*pass_fds, out_w, self._command, *(() if shell is None else (shell,)))
+
+        def popen() -> subprocess.Popen:
+            return subprocess.Popen(
+                argv,
+                stdin=req_r,
+                stdout=status_w,
+                stderr=status_w,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+                pass_fds=fds,
+            )
+
+        try:
+            self._proc = on_lasting_thread(popen) if self._lasting else popen()
+        except OSError as e:
+            return f"cannot start its shell: {e}"
+        finally:
+            for fd in (req_r, status_w, out_w, *pass_fds):
+                os.close(fd)
+        os.set_blocking(self._out, False)
+        started = self._line(time.monotonic() + START_TIMEOUT)
+        if started == READY:
+            return None
+        said = one_line(f"{started or ''} {self._buffer.decode('utf-8', 'replace')}")
+        self._end()
+        return said or "its shell ended at once"
+
+    @property
+    def pid(self) -> int | None:
+        """The host PID of the process that holds the shell (bwrap, or unshare), None once it ended."""
+        return self._proc.pid if self._proc is not None else None
+
+    def run(self, command: str, timeout: float) -> Streamed:
+        """Run one command (the caller holds `lock`); past `timeout` the shell is killed, and the command with it."""
+        text = request(command)
+        if self.dead:
+            raise ShellEnded("the sandbox's shell has ended")
+        os.ftruncate(self._command, 0)
+        os.pwrite(self._command, text, 0)
+        out = BoundedOutput()
+        deadline = time.monotonic() + max(float(timeout), 0.1)
+        try:
+            os.write(self._req, b"\n")
+        except OSError:
+            self.kill()
+            raise ShellEnded("the sandbox's shell ended before the command could start") from None
+        status = self._pump(out, deadline)
+        if status is None:  # the deadline
+            self.kill()
+            self._drain(out, time.monotonic() + KILL_GRACE)
+            return Streamed(out, None, True)
+        self._drain(out, None)
+        if not status.lstrip("-").isdigit():
+            self.kill()
+            said = f" ({one_line(status, 120)})" if status else ""
+            raise ShellEnded(f"the sandbox's shell ended while the command ran{said}; the next command gets a new one")
+        return Streamed(out, int(status), False)
+
+    def _pump(self, out: BoundedOutput, deadline: float) -> str | None:
+        """Output into `out` until the status line comes (its text; "" if the shell ended), or None at the deadline."""
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([self._out, self._status], [], [], remaining)
+            if self._out in ready:
+                self._read_output(out)
+            if self._status in ready:
+                data = os.read(self._status, 4096)
+                if not data:
+                    return ""
+                self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode("ascii", "replace")
+
+    def _read_output(self, out: BoundedOutput) -> bool:
+        """Whatever the output pipe holds now into `out`; False at its end (every writer gone)."""
+        while True:
+            try:
+                data = os.read(self._out, _CHUNK)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            out.add(data)
+
+    def _drain(self, out: BoundedOutput, until: float | None) -> None:
+        """The rest of the output: what is in the pipe now (None), or until every writer is gone or `until`."""
+        if until is None:
+            self._read_output(out)
+            return
+        while self._read_output(out):
+            remaining = until - time.monotonic()
+            if remaining <= 0 or not select.select([self._out], [], [], remaining)[0]:
+                return
+
+    def _line(self, deadline: float) -> str | None:
+        """The next status line (without its newline); None if the shell ended or the deadline came first."""
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._status], [], [], remaining)[0]:
+                return None
+            data = os.read(self._status, 4096)
+            if not data:
+                return None
+            self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+    def kill(self) -> None:
+        """End the shell at once, and its namespace with everything in it."""
+        self.dead = True
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """End the shell (its stdin closed: it exits, and its namespace goes), and everything it holds; never raises."""
+        self.dead = True
+        self._end()
+        with contextlib.suppress(OSError):
+            os.close(self._command)
+        self._command = -1
+
+    def _end(self) -> None:
+        """Its stdin closed, then the shell reaped (killed if it does not exit at once); its pipes closed."""
+        with contextlib.suppress(OSError):
+            os.close(self._req)
+        self._req = -1
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=KILL_GRACE)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for name in ("_req", "_status", "_out"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, name, -1)
+        self._buffer = b""
