@@ -72,10 +72,12 @@ def no_check() -> dict:
 
 def check_entry(outcome: dict, checked_at: str) -> dict:
     """One item of a line's `checks`: a check's reward, passed and check (as the line's own), and when it ended."""
+    check = outcome.get("check")
     return {
-        "reward": outcome["reward"],
-        "passed": outcome["passed"],
-        "check": outcome["check"],
+        "reward": outcome.get("reward"),
+        "passed": outcome.get("passed"),
+        # A line of a version before checks has none: the "none" check, in the one shape every line's has.
+        "check": dict(check) if isinstance(check, dict) else no_check()["check"],
         "checked_at": checked_at,
     }
 

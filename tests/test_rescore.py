@@ -190,3 +190,23 @@ def test_a_rescore_needs_a_finished_run_and_refuses_resume(tmp_path):
 
 def _sample(line: dict) -> int:
     return line["sample_index"]
+
+
+def test_a_line_from_before_checks_gets_its_own_check_first(tmp_path):
+    """Lines an older runner wrote have no `checks`: their own check becomes the first, right after `check`."""
+    first_run(tmp_path, samples=1)
+    run = RunDir(tmp_path / "out" / "r")
+    for path in run.path.glob("batch_*.jsonl"):
+        old = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in old:
+            del r["checks"], r["final_state"]
+        path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    rescore(tmp_path)
+    (line,) = [r for r in run.batch_records() if r["conversations"][0]["value"] == "add"]
+    assert [c["passed"] for c in line["checks"]] == [False, True]
+    assert line["checks"][0]["checked_at"] == line["metadata"]["timestamp"]
+    keys = list(line)
+    assert keys[keys.index("check") + 1] == "checks"
+    # Old lines without `checks` (not checked again: unchanged, or no state) load beside those with one.
+    ds = datasets.load_dataset("json", data_files=str(run.path / "trajectories.jsonl"), split="train")
+    assert sorted(len(c or ()) for c in ds["checks"]) == [0, 0, 2, 2]
