@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from agentbatch import flags
+from agentbatch import flags, settings
 from agentbatch.errors import FatalError
 
 USAGE = """usage: batch-runner cache --stats|--clear [--cache_dir=DIR] [--cache_expiry=1W]
@@ -27,18 +27,18 @@ def main(argv: list[str]) -> int:
         return 0
     if bool(args.get("stats")) == bool(args.get("clear")):
         raise FatalError("batch-runner cache needs one of --stats or --clear (see batch-runner cache --help)")
-    f = flags.parse({k: v for k, v in args.items() if k in _VALUED} | {"cache": True})
+    m = settings.build({k: v for k, v in args.items() if k in _VALUED}).model  # checked as a run's flags are
     from agentbatch.model import cache_store
     from agentbatch.model.cache import default_directory
 
-    directory = f["cache_dir"] or default_directory()
+    directory = m.cache_dir or default_directory()
     if args.get("clear"):
         removed = cache_store.clear(directory)
         what = "a file that was not a model-call cache" if removed < 0 else f"{removed} replies"
         print(f"model-call cache {directory}: removed {what}")
         return 0
     try:
-        found = cache_store.stats(directory, f["cache_expiry"])
+        found = cache_store.stats(directory, m.cache_expiry)
     except cache_store.StoreUnusable as e:
         raise FatalError(
             f"{directory} holds no usable model-call cache ({e}); batch-runner cache --clear starts it anew"

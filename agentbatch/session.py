@@ -50,9 +50,9 @@ def new_session_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SessionSettings:
-    """Everything a session needs besides its executor, built once from the flags (launch.py)."""
+    """Everything a session needs besides its executor, built once from the settings (launch.session_settings)."""
 
     cfg: RunConfig
     run_dir: str
