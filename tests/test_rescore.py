@@ -188,6 +188,17 @@ def test_a_rescore_needs_a_finished_run_and_refuses_resume(tmp_path):
     assert refused.returncode == 2 and "drop --resume" in refused.stderr
 
 
+def test_a_rescore_without_its_dataset_is_refused_not_taken_for_an_export(tmp_path):
+    """--rescore --run_name --export without --dataset_file would else export the run as it was, rescored in no way."""
+    first_run(tmp_path, samples=1)
+    run = RunDir(tmp_path / "out" / "r")
+    before = sorted(p.read_text() for p in run.path.glob("batch_*.jsonl"))
+    done = run_cli(["--run_name=r", f"--output_dir={tmp_path / 'out'}", "--rescore", "--export=openai"], tmp_path)
+    assert done.returncode == 2 and "--rescore needs --dataset_file" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (run.path / "export").exists()
+    assert sorted(p.read_text() for p in run.path.glob("batch_*.jsonl")) == before
+
+
 def _sample(line: dict) -> int:
     return line["sample_index"]
 
