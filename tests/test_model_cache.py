@@ -327,3 +327,36 @@ def test_the_embedded_models_endpoint_is_its_file_whatever_its_port(tmp_path):
     settings = cache.for_run(str(tmp_path / "cache"), None, 1 << 30, None, "http://127.0.0.1:41003/v1", str(gguf))
     cache.cached(inner, ModelSettings("local", "http://127.0.0.1:41003/v1", "x", cache=settings)).chat(ask)
     assert len(inner.calls) == 2
+
+
+def test_past_its_size_the_least_recently_used_replies_are_removed(tmp_path):
+    """--cache_size bounds the store: a run that stores past it removes the oldest-used replies (an earlier run's),
+    keeps its own, and the store's pages stay within the bound; an evicted reply is only a miss, asked again."""
+    import secrets
+
+    def rows(name: str) -> list[str]:
+        return [f"{name} {i}" for i in range(10)]
+
+    # ~100 KB of random text a reply, ~75 KB stored (zlib gains little): one run's ten fit in 1 MiB, two do not.
+    script = {prompt: [answer(secrets.token_urlsafe(75_000))] for prompt in rows("old") + rows("new")}
+    old = write_dataset(tmp_path / "old.jsonl", rows("old"))
+    new = write_dataset(tmp_path / "new.jsonl", rows("new"))
+    bound = ("--cache_size=1m",)
+    with ScriptedServer(script=script) as srv:
+        run(cached_args(old, tmp_path, "old", *bound), tmp_path, srv)
+        assert store(tmp_path).execute("SELECT COUNT(*) FROM entries").fetchone()[0] == 10  # within the bound
+        run(cached_args(new, tmp_path, "new", *bound), tmp_path, srv)
+        assert len(srv.requests()) == 20
+        with store(tmp_path) as db:
+            kept = db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+            pages = db.execute("PRAGMA page_count").fetchone()[0] - db.execute("PRAGMA freelist_count").fetchone()[0]
+            in_use = pages * db.execute("PRAGMA page_size").fetchone()[0]
+        assert 10 <= kept < 20 and in_use <= 1024**2, (kept, in_use)
+        run(cached_args(new, tmp_path, "new again", *bound), tmp_path, srv)
+        assert len(srv.requests()) == 20  # the newest run's replies were all kept
+        run(cached_args(old, tmp_path, "old again", *bound), tmp_path, srv)
+        evicted = len(srv.requests()) - 20
+        assert evicted >= 20 - kept and evicted > 0  # the earlier run's were removed first: asked again
+    first = {r["prompt_index"]: r["conversations"] for r in RunDir(tmp_path / "out" / "old").trajectories()}
+    again = {r["prompt_index"]: r["conversations"] for r in RunDir(tmp_path / "out" / "old again").trajectories()}
+    assert again == first  # a hit or a miss, each the same reply
