@@ -175,6 +175,25 @@ def test_a_replay_stops_where_the_paid_run_stopped(tmp_path):
     assert replay["conversations"] == paid["conversations"] and replay["usage"]["cached_calls"] == 2
 
 
+def test_a_cached_call_spends_none_of_the_runs_budget(tmp_path):
+    """15 tokens a call: a budget of 20 tokens ends a paid run after its first prompt (exit 4); the same budget lets
+    a cached run do every prompt, since its calls cost nothing."""
+    data = write_dataset(tmp_path / "ds.jsonl", ROWS)
+    with ScriptedServer(script=SCRIPT) as srv:
+        run(cached_args(data, tmp_path, "fill"), tmp_path, srv)
+        sent = len(srv.requests())
+        paid = run_cli(
+            [*args_for(data, tmp_path / "out", "paid", "--budget_tokens=20"), f"--base_url={srv.base_url}"], tmp_path
+        )
+        assert_clean_exit(paid, 4)
+        assert len(RunDir(tmp_path / "out" / "paid").trajectories()) < len(ROWS)
+        spent = len(srv.requests())
+        run(cached_args(data, tmp_path, "replay", "--budget_tokens=20"), tmp_path, srv)
+        assert len(srv.requests()) == spent  # nothing sent
+    replay = RunDir(tmp_path / "out" / "replay")
+    assert len(replay.trajectories()) == len(ROWS) and replay.stats()["cached_calls"] == sent
+
+
 def test_expiry_and_stats_and_clear(tmp_path):
     data = write_dataset(tmp_path / "ds.jsonl", ROWS)
     with ScriptedServer(script=SCRIPT) as srv:
