@@ -142,6 +142,22 @@ def test_the_newest_check_is_what_exports_and_datasets_read(tmp_path):
     assert json.loads(json.dumps(rows["add"]["checks"][0]["check"])) == rows["add"]["checks"][0]["check"]
 
 
+def test_the_report_written_after_a_rescore_shows_the_newest_checks(tmp_path):
+    from report_helpers import Report
+
+    first_run(tmp_path, "--keep_final_state", samples=1)
+    run = RunDir(tmp_path / "out" / "r")
+    assert {r["conversations"][0]["value"]: r["passed"] for r in run.trajectories()}["add"] is False
+    rescore(tmp_path, "--report")
+    report = Report(run.path / "report.html")
+    statuses = report.data["statuses"]
+    assert [statuses[s] for s in report.column("status")] == ["passed"] * 4
+    shown = {p: item["check"] for p, item in zip(report.column("pindex"), report.items, strict=True)}
+    assert shown == {r["prompt_index"]: r["check"] for r in run.trajectories()}
+    assert report.run()["statistics"]["outcomes"] == run.stats()["outcomes"]
+    assert run.stats()["outcomes"]["passed"] == 4
+
+
 def test_without_a_kept_state_only_answers_are_checked_again_and_the_rest_is_said(tmp_path):
     first_run(tmp_path, samples=1)
     done = rescore(tmp_path)
