@@ -5,12 +5,14 @@ message misses; a corrupt entry or store is a miss, never a crash or a wrong rep
 
 from __future__ import annotations
 
+import importlib.util
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 from cli_helpers import ROOT, RUNNER, RunDir, assert_clean_exit, cli_env, run_cli, write_dataset
 from helpers import SequencedServer
 from scripted_server import ScriptedServer
@@ -379,3 +381,19 @@ def test_past_its_size_the_least_recently_used_replies_are_removed(tmp_path):
     first = {r["prompt_index"]: r["conversations"] for r in RunDir(tmp_path / "out" / "old").trajectories()}
     again = {r["prompt_index"]: r["conversations"] for r in RunDir(tmp_path / "out" / "old again").trajectories()}
     assert again == first  # a hit or a miss, each the same reply
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+def test_a_second_cached_run_of_the_embedded_model_asks_it_nothing(tmp_path):
+    """--model=local --cache through the CLI: the embedded model is served on a new port each run, and its replies
+    are found again by its file (runtime.model_cache), so the second run's calls all come from the cache."""
+    data = write_dataset(tmp_path / "ds.jsonl", [{"prompt": "Say hello."}])
+    flags = ("--model=local", "--max_turns=1", "--max_tokens=16", "--sandbox=local")
+    for name in ("first", "second"):
+        assert_clean_exit(run_cli(cached_args(data, tmp_path, name, *flags), tmp_path), 0)
+    first, second = (RunDir(tmp_path / "out" / n).trajectories()[0] for n in ("first", "second"))
+    assert first["usage"]["cached_calls"] == 0 and first["api_calls"] >= 1
+    assert second["usage"]["cached_calls"] == second["api_calls"] == first["api_calls"]
+    assert second["conversations"] == first["conversations"]
+    assert store(tmp_path).execute("SELECT COUNT(*) FROM entries").fetchone()[0] == first["api_calls"]
