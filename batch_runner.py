@@ -58,10 +58,23 @@ def _fatal(message: str, verbose: bool) -> None:
     sys.exit(2)
 
 
+def _cache_command(argv: list[str]) -> None:
+    from agentbatch import cache_command
+
+    try:
+        code = cache_command.main(argv)
+    except FatalError as e:
+        _fatal(str(e), verbose=False)
+    sys.exit(code)
+
+
 def cli() -> None:
     """Entry point of `python batch_runner.py` and the `batch-runner` console script."""
     argv = sys.argv[1:]
     try:
+        if command_line.is_cache_command(argv):  # `batch-runner cache --stats|--clear`
+            _cache_command(argv[1:])
+            return
         values = command_line.keyword_values(argv)
         if values is not None:  # the usual command line: read without importing Fire (command_line.py)
             main(**values)

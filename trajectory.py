@@ -70,6 +70,18 @@ def no_check() -> dict:
     }
 
 
+def check_entry(outcome: dict, checked_at: str) -> dict:
+    """One item of a line's `checks`: a check's reward, passed and check (as the line's own), and when it ended."""
+    check = outcome.get("check")
+    return {
+        "reward": outcome.get("reward"),
+        "passed": outcome.get("passed"),
+        # A line of a version before checks has none: the "none" check, in the one shape every line's has.
+        "check": dict(check) if isinstance(check, dict) else no_check()["check"],
+        "checked_at": checked_at,
+    }
+
+
 def no_task() -> dict:
     """The `task` of a line whose row is not a Harbor task: the same keys, no values (docs/harbor.md)."""
     return {"name": None, "difficulty": None, "category": None, "tags": [], "image": None, "image_id": None}
@@ -227,6 +239,7 @@ def build_record(
     """
     conversations = to_conversations(messages)
     stats = tool_stats_of(messages, tool_names)
+    outcome = outcome or no_check()
     return {
         "prompt_index": prompt_index,
         "conversations": conversations,
@@ -237,7 +250,11 @@ def build_record(
         "stop_reason": stop_reason,
         "sample_index": sample_index,
         **({"identity": identity} if identity is not None else {}),
-        **(outcome or no_check()),
+        **outcome,
+        # Every check the sample had, newest last (a rescore adds one: rescore.py); reward, passed and check
+        # above are always the newest. The run's own is its first.
+        "checks": [check_entry(outcome, timestamp)],
+        "final_state": None,  # the file of its kept state in final_state/ (--keep_final_state): the runner sets it
         "api_calls": api_calls,
         "toolsets_used": list(toolsets),
         "tool_stats": stats,
@@ -246,6 +263,8 @@ def build_record(
             **{k: int(usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
             # Always a float, 0.0 when unknown: `datasets` fixes a column's type from the first lines it reads.
             "cost": float(usage.get("cost") or 0.0),
+            # The calls the model-call cache answered (--cache): 0 on every line without, so one schema.
+            "cached_calls": int(usage.get("cached_calls") or 0),
         },
         **({"duration_seconds": round(float(duration_seconds), 3)} if duration_seconds is not None else {}),
         "tools": _schemas_text(tool_schemas),
@@ -283,6 +302,9 @@ VALUE_KINDS: dict[str, bytes] = {
     "rewards": b'"rewards": ',
     "task": b'"task": {"name": ',
     "duration": b'"duration_seconds": ',
+    "cached_calls": b'"cached_calls": ',
+    "checks": b'"checks": [{',
+    "final_state": b'"final_state": "',
 }
 
 
@@ -301,6 +323,9 @@ def shown_kinds(record: dict) -> set[str]:
         "rewards": check is not None and check.get("rewards") is not None,
         "task": isinstance(record.get("task"), dict) and record["task"].get("name") is not None,
         "duration": isinstance(record.get("duration_seconds"), int | float),
+        "cached_calls": isinstance(record.get("usage"), dict) and "cached_calls" in record["usage"],
+        "checks": isinstance(record.get("checks"), list) and bool(record["checks"]),
+        "final_state": isinstance(record.get("final_state"), str),
     }
     return {kind for kind, yes in shown.items() if yes}
 

@@ -19,6 +19,12 @@ from agentbatch.flags import BY_NAME
 _INT = re.compile(r"0|[1-9][0-9]*")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CONSTANTS = {"True": True, "False": False, "None": None}
+CACHE_COMMAND = "cache"  # `batch-runner cache --stats|--clear` (cache_command.py): a first word, not a flag
+
+
+def is_cache_command(argv: list[str]) -> bool:
+    """Whether the command line is the model-call cache's subcommand (docs/replay.md), not a run's flags."""
+    return argv[:1] == [CACHE_COMMAND]
 
 
 def keyword_values(argv: list[str]) -> dict[str, Any] | None:

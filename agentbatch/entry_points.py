@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agentbatch.user_cache import cache_root
+
 CACHE_VERSION = 2
 KEPT = 64  # cache files kept: one per import path (checkouts, virtual environments, tests' temporary paths)
 
@@ -81,14 +83,12 @@ def _mtime(path: str) -> int | None:
 def _cache_file(key: list) -> Path | None:
     """The cache file of this interpreter and import path (a test's or a second checkout's path has its own, so
     two of them do not take turns rewriting one file)."""
-    base = os.environ.get("XDG_CACHE_HOME") or ""
-    try:
-        root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-    except RuntimeError:  # no home directory to find
+    root = cache_root()
+    if root is None:  # no home directory to find
         return None
     which = [os.path.realpath(sys.executable), *(folder for folder, _ in key[2])]
     name = hashlib.sha256("\0".join(which).encode()).hexdigest()[:16]
-    return root / "batch-runner" / f"entry_points-{name}.json"
+    return root / f"entry_points-{name}.json"
 
 
 def _read(path: Path, key: list) -> list[tuple[str, str, str]] | None:

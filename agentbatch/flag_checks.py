@@ -326,3 +326,16 @@ def _stat(value: Any) -> tuple[str | None, os.stat_result | None]:
         return path, os.stat(path)
     except OSError:
         return path, None
+
+
+def expiry(name: str, value: Any) -> float | None:
+    """--cache_expiry in Inspect's spelling (1D, 12h, 4W...): seconds, or None for `never` (model/cache.py)."""
+    from agentbatch.model.cache import parse_expiry
+
+    try:
+        return parse_expiry(str(value))
+    except ValueError:
+        raise FatalError(
+            f"--{name} must be a whole number and s, m, h, D, W, M or Y (such as 12h, 1D or 4W), or never; "
+            f"got {shown(value)}"
+        ) from None

@@ -359,6 +359,23 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.seconds, group="limits"),
     Flag(
+        "keep_final_state",
+        False,
+        "keep each sample's sandbox as its agent left it (its work directory, or what changed in its container) in "
+        "<run>/final_state/, so that --rescore can run its check again (see docs/replay.md)",
+        check.boolean,
+        group="sandbox",
+    ),
+    Flag(
+        "rescore",
+        False,
+        "check every sample of the finished --run_name again against --dataset_file's checks as they are now, "
+        "with no model call: `answer` against the recorded last message, `verify` and a Harbor task's tests in a "
+        "fresh sandbox holding the sample's kept final state (see docs/replay.md)",
+        check.boolean,
+        group="run",
+    ),
+    Flag(
         "timeout_multiplier",
         1.0,
         "scales each Harbor task's own agent, verifier and build timeouts (slow machines)",
@@ -373,6 +390,36 @@ FLAGS: tuple[Flag, ...] = (
         group="model",
     ),
     Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int, group="run"),
+    Flag(
+        "cache",
+        False,
+        "answer a model call from the model-call cache when the same request was made before, and store every "
+        "reply; a cached call costs nothing and counts in `usage.cached_calls` (see docs/replay.md)",
+        check.boolean,
+        group="model",
+    ),
+    _t(
+        "cache_dir",
+        None,
+        "the model-call cache's directory, shared by every run that names it (`batch-runner cache --stats` shows it)",
+        shown="`$XDG_CACHE_HOME/batch-runner/model-calls`, else `~/.cache/...`",
+        group="model",
+    ),
+    _t(
+        "cache_expiry",
+        "1W",
+        "how long a stored reply is used, in Inspect's spelling: a whole number and s, m, h, D, W, M or Y "
+        "(1D: a day), or never",
+        check.expiry,
+        group="model",
+    ),
+    _t(
+        "cache_size",
+        "10g",
+        "the model-call cache's bound: past it the least recently used replies are removed",
+        check.size("1m"),
+        group="model",
+    ),
     _t(
         "sandbox",
         None,

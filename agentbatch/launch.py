@@ -2,25 +2,31 @@
 
 `run` is the whole of it: each step below is one function, and what a run starts once (secrets withdrawn,
 sandboxes chosen, the local model, the run's own tools, the workers) is the Runtime (runtime.py), which the
-session borrows. With --run_name alone, `existing_run` exports or reports on a run and starts nothing.
+session borrows. With --run_name alone, `existing_run` exports or reports on a run and starts nothing; with
+--rescore, `rescore_run` checks a finished run's samples again and starts no model, key, tools or workers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentbatch import dataset_formats, dataset_steps, run_tools, secrets_guard, settings
+from agentbatch import dataset_formats, dataset_steps, run_tools, runtime, secrets_guard, settings
 from agentbatch.budget import BudgetSettings
 from agentbatch.dataset import Entry
 from agentbatch.dataset_formats import DatasetFormat
 from agentbatch.errors import FatalError
+from agentbatch.model.client import ModelSettings
+from agentbatch.run_dir.reader import RunReader
 from agentbatch.runtime import Runtime
-from agentbatch.session import Session, SessionSettings
+from agentbatch.sandboxes.base import owner_labels
+from agentbatch.session import Session, SessionSettings, new_session_id
 from agentbatch.settings import Settings
+from agentbatch.work import RunConfig
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,8 @@ class Dataset:
 def run(values: Mapping[str, Any]) -> int:
     """Check every flag, then run; returns the exit code."""
     s = settings.build(values)
+    if s.run.rescore:
+        return rescore_run(s)
     if s.run.dataset_file is None and s.output.asked:
         return existing_run(s)
     require_run_flags(s)
@@ -170,6 +178,62 @@ def existing_run(s: Settings) -> int:
 
         report_flags.report_only(s, secrets)
     return 0
+
+
+def rescore_run(s: Settings) -> int:
+    """--rescore: the run's samples checked again against the dataset's checks as they are now (rescore.py): no
+    model, no key, no tools, no workers; its sandboxes and time limits as a session's, its outputs after it."""
+    from agentbatch import rescore
+
+    require_rescore_flags(s)
+    data = load_dataset(s)
+    cfg, session_id = rescore_config(s, data)
+    run_dir = s.run.run_dir
+    model = RunReader(run_dir).checkpoint().get("model")  # the run's model: an oracle run's verdict is its own
+    context = dataset_steps.RunContext(run_dir, model if isinstance(model, str) and model else s.model.model)
+    parallel = s.scale.sandbox_starts or os.cpu_count() or 1
+    dataset_steps.prepare(data.format, data.entries, context, s.timeout_bounds(), cfg, parallel)
+    outputs = at_end(s, cfg.secrets) if s.output.asked else None
+    return rescore.run(
+        rescore.RescoreSettings(
+            run_dir,
+            data.entries,
+            cfg,
+            session_id,
+            s.run.samples_per_prompt,
+            s.scale.slots,
+            dataset_steps.at_end(data.format, data.entries, context, outputs),
+        )
+    )
+
+
+def require_rescore_flags(s: Settings) -> None:
+    """What a rescore cannot do without, and what it does not do."""
+    if s.run.dataset_file is None:
+        raise FatalError("--rescore needs --dataset_file: the dataset whose checks the run's samples get again")
+    if s.run.run_name is None:
+        raise FatalError("--rescore needs --run_name: the finished run to check again")
+    if s.run.resume:
+        raise FatalError("--rescore checks the samples of a finished run again and runs none: drop --resume")
+
+
+def rescore_config(s: Settings, data: Dataset) -> tuple[RunConfig, str]:
+    """What a rescore's checks get (a RunConfig without a model or tools), and its session id (its sandboxes'
+    owner): credentials withdrawn before any sandbox starts, the sandboxes chosen as a session's."""
+    withdrawn = secrets_guard.withdraw_environment()
+    key = s.model.api_key
+    secrets = (*((key,) if key else ()), *withdrawn.values())
+    sandbox, _note = runtime.choose_sandboxes(s, data.images)
+    session_id = new_session_id()
+    cfg = RunConfig(
+        s.run.run_name,
+        ModelSettings(s.model.model, s.model.base_url, ""),
+        sandbox=dataclasses.replace(sandbox, starts=runtime.sandbox_starts(s.scale.sandbox_starts, 1)),
+        check_timeout=s.limits.check_timeout,
+        secrets=secrets,
+        sandbox_labels=owner_labels(s.run.run_dir, session_id),
+    )
+    return cfg, session_id
 
 
 def distributions_text(values: Mapping[str, Any]) -> str:

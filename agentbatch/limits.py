@@ -52,9 +52,9 @@ class SampleLimits:
         """The limit that forbids another model call: "time", "tokens" or "cost"; None while none does."""
         if self.expired():
             return "time"
-        if self.limits.tokens is not None and self.usage.total_tokens >= self.limits.tokens:
+        if self.limits.tokens is not None and self.usage.limit_tokens() >= self.limits.tokens:
             return "tokens"
-        if self.limits.cost is not None and self.usage.cost >= self.limits.cost:
+        if self.limits.cost is not None and self.usage.limit_cost() >= self.limits.cost:
             return "cost"
         return None
 

@@ -84,6 +84,7 @@ class RunStats:
     max_turns_reached: int = 0
     stop_reasons: dict[str, int] = field(default_factory=dict)
     api_calls: int = 0
+    cached_calls: int = 0  # of the api_calls, those the model-call cache answered (--cache)
     discarded: int = 0
     discard_reasons: dict[str, int] = field(default_factory=dict)
     tokens_kept: dict[str, int] = field(default_factory=_zero_tokens)
@@ -118,6 +119,8 @@ class RunStats:
         if isinstance(reason, str):
             self.stop_reasons[reason] = self.stop_reasons.get(reason, 0) + 1
         self.api_calls += int(record.get("api_calls") or 0)
+        cached = (record.get("usage") or {}).get("cached_calls")
+        self.cached_calls += cached if type(cached) is int and cached > 0 else 0
         for name, s in (record.get("tool_stats") or {}).items():
             if not s.get("count"):
                 continue  # most tools are unused in most lines: skipping them is most of the merge's speed
@@ -179,6 +182,7 @@ class RunStats:
                 **{k: v for k, v in self.stop_reasons.items() if k not in STOP_REASONS},
             },
             "api_calls": self.api_calls,
+            "cached_calls": self.cached_calls,
             "discarded": self.discarded,
             "discard_reasons": self.discard_reasons,
             "reasoning": {
@@ -295,6 +299,8 @@ def format_summary(stats: dict) -> str:
         f"  tokens: {t['total_tokens']} ({t['prompt_tokens']} prompt, {t['completion_tokens']} completion); "
         f"duration {stats['duration_seconds']:.1f} s"
     )
+    if stats.get("cached_calls"):
+        lines.append(f"  model calls answered by the cache: {stats['cached_calls']} of {stats['api_calls']}")
     c = stats["cost"]
     if c["total"]:
         per = f"; ${c['per_completed']:.4f} per completed trajectory" if c["per_completed"] is not None else ""

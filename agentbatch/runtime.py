@@ -4,8 +4,9 @@ Entering it runs these steps in order, each a function of its own: the credentia
 environment (and the tool settings read with them), the sandboxes chosen (each backend's `prepare_run`), the
 embedded model served (--model=local), the model's key found and the runner made unreadable, the run's own tools
 (modules, MCP servers listed) and its distribution, the settings that name what the run has checked, every
-secret redacted from the logs, the samples in flight laid out over worker processes, the pacing directory, and
-the RunConfig every worker gets. The executor (its worker processes) is made at the first `executor()` call:
+secret redacted from the logs, the samples in flight laid out over worker processes, the pacing directory, the
+model-call cache made ready (--cache), the staging directory of the samples' final states (--keep_final_state),
+and the RunConfig every worker gets. The executor (its worker processes) is made at the first `executor()` call:
 the CLI's session asks once the dataset's images are built, so workers fork while the runner is one thread.
 
 The CLI's session uses one Runtime (launch.py); a Python caller running samples on demand keeps one open over
@@ -26,6 +27,7 @@ from agentbatch import plugins, process_guard, run_tools, secrets_guard
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
 from agentbatch.executors.base import Executor
+from agentbatch.model import cache
 from agentbatch.model import registry as models
 from agentbatch.model.client import ModelSettings, reports_cost
 from agentbatch.run_dir.reader import RunReader
@@ -92,7 +94,8 @@ class Runtime:
         pacing_dir = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="br-pacing-"))
         model = model_settings(s, self.model, self.base_url, key, self.plan.processes, pacing_dir)
         sandbox = dataclasses.replace(sandbox, starts=sandbox_starts(s.scale.sandbox_starts, self.plan.processes))
-        self.cfg = run_config(s, model, tools, sandbox, own_tools, labels, self.secrets)
+        states = self._final_state_dir()
+        self.cfg = run_config(s, model, tools, sandbox, own_tools, labels, self.secrets, states)
         self.priced = s.budget.priced or reports_cost(self.base_url)
 
     def _serve_model(self) -> tuple[str, str]:
@@ -105,6 +108,13 @@ class Runtime:
         return self._stack.enter_context(
             local_server.serve(m.local_model_path, verbose=self.settings.run.verbose)
         ), "local"
+
+    def _final_state_dir(self) -> str | None:
+        """--keep_final_state: where the workers stage each sample's final state, outside the run directory (the
+        session moves each into it as it records the sample's line), until the Runtime ends."""
+        if not self.settings.sandbox.keep_final_state:
+            return None
+        return self._stack.enter_context(tempfile.TemporaryDirectory(prefix="br-state-"))
 
     def executor(self) -> Executor:
         """The run's executor, its workers started at the first call and stopped when the Runtime ends."""
@@ -203,7 +213,22 @@ def model_settings(s: Settings, model: str, base_url: str, key: str, workers: in
         workers=workers,
         pacing_dir=pacing_dir,
         logprobs=m.logprobs,
+        cache=model_cache(s, base_url),
     )
+
+
+def model_cache(s: Settings, base_url: str) -> cache.CacheSettings | None:
+    """--cache: the run's model-call cache (model/cache.py), its store made ready before any model call; else None.
+    The embedded model's endpoint is named by its file, whatever port it is served on."""
+    m = s.model
+    if not m.cache:
+        return None
+    gguf = None
+    if m.local:
+        from agentbatch.model import local_server
+
+        gguf = local_server.resolve_model(m.local_model_path)
+    return cache.for_run(m.cache_dir, m.cache_expiry, m.cache_size, s.run.seed, base_url, gguf)
 
 
 def run_config(
@@ -214,6 +239,7 @@ def run_config(
     tool_set: ToolSet,
     labels: dict[str, str],
     secrets: tuple[str, ...],
+    final_state_dir: str | None = None,
 ) -> RunConfig:
     """Everything a worker needs to run samples."""
     return RunConfig(
@@ -235,6 +261,8 @@ def run_config(
         plugins=plugins.loaded(),
         tool_set=tool_set,
         sandbox_labels=labels,
+        keep_final_state=s.sandbox.keep_final_state,
+        final_state_dir=final_state_dir,
     )
 
 

@@ -6,9 +6,10 @@ import time
 import traceback
 from dataclasses import dataclass, replace
 
-from agentbatch import verification
+from agentbatch import sample_state, verification
 from agentbatch.agent_loop import run_agent
 from agentbatch.limits import SampleLimits
+from agentbatch.model import cache
 from agentbatch.model import registry as models
 from agentbatch.model.base import Model, ModelCallError
 from agentbatch.model.client import ModelClient
@@ -36,11 +37,30 @@ class Clients:
         images = cfg.tools.image_endpoint(cfg.model.base_url, cfg.model.api_key)
         if images is None:
             return cls(chat, chat)
-        return cls(chat, ModelClient(replace(cfg.model, base_url=images[0], api_key=images[1])))
+        settings = replace(cfg.model, base_url=images[0], api_key=images[1])
+        return cls(chat, cache.cached(ModelClient(settings), settings))
+
+    def for_sample(self, task: SampleTask, usage: Usage) -> Clients:
+        """The models as one sample calls them: a cached model keys its calls by the sample and counts its hits."""
+        chat = cache.for_sample(self.chat, task.sample_index, usage)
+        images = chat if self.images is self.chat else cache.for_sample(self.images, task.sample_index, usage)
+        return Clients(chat, images)
 
 
 # --require_pass: why a sample that did not pass was discarded, by its check's status.
 DISCARD_REASONS = {"failed": "check_failed", "timeout": "check_timeout", "error": "check_error", "none": "no_check"}
+
+
+def sandbox_spec(task: SampleTask, cfg: RunConfig) -> SandboxSpec:
+    """Where the sample runs: the run's sandbox settings, its row's image, cwd and resources, the run's labels."""
+    return SandboxSpec(
+        cfg.sandbox,
+        image=task.image,
+        cwd=task.cwd,
+        run_name=cfg.run_name,
+        labels=dict(cfg.sandbox_labels),
+        resources=task.resources,
+    )
 
 
 def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutcome:
@@ -49,15 +69,9 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
     usage = Usage(prices=cfg.prices)
     outcome = SampleOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
     ctx = None
+    clients = clients.for_sample(task, usage)
     try:
-        spec = SandboxSpec(
-            cfg.sandbox,
-            image=task.image,
-            cwd=task.cwd,
-            run_name=cfg.run_name,
-            labels=dict(cfg.sandbox_labels),
-            resources=task.resources,
-        )
+        spec = sandbox_spec(task, cfg)
         if task.unavailable:  # its image could not be made: it fails before any model call
             raise SandboxError(task.unavailable)
         sandbox_backends.get(spec.kind).prepare(spec)  # before any model call: an absent image costs no tokens
@@ -75,6 +89,8 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
         )
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
+        if cfg.keep_final_state:  # as the agent left it, before the check changes anything
+            outcome.final_state = sample_state.keep(ctx, spec, cfg.final_state_dir)
         # In the same sandbox, before ctx.close() removes it.
         check = task.hooks.check(hooked, before) if task.hooks is not None else None
         if check is None:

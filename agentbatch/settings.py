@@ -35,6 +35,7 @@ class RunFlags:
     samples_per_prompt: int
     seed: int | None
     resume: bool
+    rescore: bool  # check a finished run's samples again, with no model call (rescore.py)
     plugins: tuple[str, ...]
     verbose: bool
     progress_seconds: float
@@ -69,6 +70,10 @@ class ModelFlags:
     logprobs: bool
     ephemeral_system_prompt: str | None
     prefill_messages: list[dict]  # --prefill_messages_file's messages, read and checked
+    cache: bool  # calls answered from the model-call cache (model/cache.py) when they can be
+    cache_dir: str | None  # None: the user's cache directory's (model.cache.default_directory)
+    cache_expiry: float | None  # seconds a stored reply is used; None: always
+    cache_size: int  # the cache's bound in bytes
 
     @property
     def local(self) -> bool:
@@ -107,6 +112,7 @@ class SandboxFlags:
     docker_memory: str
     docker_cpus: float
     docker_pids: int
+    keep_final_state: bool  # each sample's sandbox kept as its agent left it, for --rescore (sample_state.py)
 
     def settings(self) -> SandboxSettings:
         """The sandbox settings before the backends are chosen (sandboxes.choice.choose sets them)."""

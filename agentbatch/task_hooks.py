@@ -2,7 +2,8 @@
 
 An entry's `hooks` (a `TaskHooks`) travel with each of its samples to the worker that runs it (pickled: plain
 data and methods). There `before_agent` runs in the sample's sandbox before the agent's first model call, and
-`check` after its last one, in the same sandbox, instead of the row's `verify` and `answers`. A format's steps
+`check` after its last one, in the same sandbox, instead of the row's `verify` and `answers`; a rescore runs
+`before_replay` and `check` in a fresh sandbox holding the sample's kept final state. A format's steps
 in the runner (before any sample, at the session's end) are methods of the format itself (dataset_steps.py).
 """
 
@@ -44,3 +45,9 @@ class TaskHooks:
     def check(self, sample: HookContext, before: Any) -> CheckResult | None:
         """After the agent's last turn, in the same sandbox: the sample's check (None: the row's own applies)."""
         return None
+
+    def before_replay(self, sample: HookContext) -> Any:
+        """--rescore: in a fresh sandbox, before the sample's kept final state is put into it; what it returns is
+        given to `check`, which then runs there. By default `before_agent`; a format whose `before_agent` does more
+        than `check` needs (copies files in for the agent) gives only what the check needs."""
+        return self.before_agent(sample)

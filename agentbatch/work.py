@@ -44,6 +44,10 @@ class RunConfig:
     tool_set: ToolSet = field(default_factory=ToolSet)
     # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
     sandbox_labels: dict[str, str] = field(default_factory=dict)
+    # --keep_final_state: each sample's sandbox as its agent left it (sample_state.py), staged by the worker in
+    # final_state_dir (outside the run directory) for the session to record.
+    keep_final_state: bool = False
+    final_state_dir: str | None = None
 
 
 @dataclass
@@ -86,6 +90,9 @@ class SampleOutcome:
     usage: dict = field(default_factory=dict)
     seconds: float = 0.0
     sample_index: int = 0
+    # Its kept final state (--keep_final_state): the staged file's path, or its bytes from a worker without the
+    # staging directory (a Ray node elsewhere); the session records it beside the line, or removes it.
+    final_state: str | bytes | None = None
 
     @property
     def key(self) -> tuple[int, int]:

@@ -19,6 +19,7 @@
     python bench/run_bench.py --only 18       # what pacing costs (8), (9), (10b), (10) against no limit
     python bench/run_bench.py --only 19,19s   # tool-calling runs against their floor; each sandbox's cost per call
     python bench/run_bench.py --only 20       # finding plug-ins' entry points: importlib.metadata, cached, the old scan
+    python bench/run_bench.py --only 21,22    # the model-call cache: a hit and a miss against a call; --rescore
     python bench/run_bench.py --only 23       # what starting one command costs the machine, every candidate way
     python bench/run_bench.py --only 24,24s   # the tool-heavy run (120 prompts x 10 commands) against its floor
 
@@ -37,6 +38,7 @@ import sys
 import time
 
 import psutil
+from bench_cache import bench_cache
 from bench_command_cost import bench_command_cost
 from bench_entry_points import bench_entry_points
 from bench_export import bench_export
@@ -44,6 +46,7 @@ from bench_mcp import bench_mcp
 from bench_pacing import bench_first_second, bench_moving_limit, bench_pacing_cost, bench_retry_after_only
 from bench_rate_limit import bench_probe_cost, bench_rate_limit
 from bench_report import bench_report
+from bench_rescore import bench_rescore
 from bench_resume import bench_resume
 from bench_sandbox_starts import bench_sandbox_starts
 from bench_sandboxes import bench_sandboxes
@@ -187,6 +190,10 @@ def main() -> int:
         bench_tool_floor(results, sandboxes="19s" in which)
     if "20" in which:
         bench_entry_points(results)
+    if "21" in which:
+        bench_cache(results)
+    if "22" in which:
+        bench_rescore(results)
     if "23" in which:
         bench_command_cost(results)
     if which & {"24", "24s"}:

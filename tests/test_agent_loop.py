@@ -57,7 +57,13 @@ def test_multi_step_task_writes_runs_and_answers(tmp_path):
     assert conv[5] == {"from": "gpt", "value": "The script printed sum=42."}
     assert record["completed"] is True and record["partial"] is False
     assert record["api_calls"] == 3 and len(requests) == 3
-    assert record["usage"] == {"prompt_tokens": 60, "completion_tokens": 18, "total_tokens": 78, "cost": 0.0}
+    assert record["usage"] == {
+        "prompt_tokens": 60,
+        "completion_tokens": 18,
+        "total_tokens": 78,
+        "cost": 0.0,
+        "cached_calls": 0,
+    }
     assert record["tool_stats"]["write_file"] == {"count": 1, "success": 1, "failure": 0}
     assert record["tool_stats"]["terminal"] == {"count": 1, "success": 1, "failure": 0}
     offered = {t["function"]["name"] for t in json.loads(record["tools"])}

@@ -101,6 +101,10 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             "nosuchrun: it does not exist",
         ),
         "export_toolsets names no toolset": (["--export=openai", "--export_toolsets=file,nosuch"], "'nosuch'"),
+        # issue 37: the model-call cache
+        "cache_expiry in another spelling": (["--cache", "--cache_expiry=1d"], "--cache_expiry"),
+        "cache_size below a megabyte": (["--cache", "--cache_size=1000"], "--cache_size"),
+        "cache_dir that is a file": (["--cache", f"--cache_dir={big}"], "cannot hold the model-call cache"),
     }
     # Numbers the tools read from the environment follow the same rules.
     for value in ("nan", "1e999"):

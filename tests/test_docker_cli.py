@@ -197,7 +197,13 @@ def test_an_unavailable_image_fails_its_prompt_at_once_and_resume_retries_it(
         [failed] = run.failed()
         assert failed["prompt"] == "needs a missing image"
         assert missing_image_tag in failed["error"] and "pulled" in failed["error"], failed["error"]
-        assert failed["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cost": 0.0}
+        assert failed["usage"] == {
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "total_tokens": 0,
+            "cost": 0.0,
+            "cached_calls": 0,
+        }
         assert took < 60, f"a missing image took {took:.0f} s to fail"
         assert [r["conversations"][0]["value"] for r in run.trajectories()] == ["fine"]
         assert run.stats()["prompts"]["failed"] == 1

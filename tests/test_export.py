@@ -60,9 +60,14 @@ def test_parquet_carries_old_and_new_fields_in_one_schema(exported, tmp_path):
         extra = {
             "identity": record["identity"],
             "check": record["check"],
+            "checks": record["checks"],
+            "final_state": record["final_state"],
             "duration_seconds": record["duration_seconds"],
         }
-        assert json.loads(row["extra"]) == extra, "only its row's identity, check and duration lie outside the columns"
+        assert json.loads(row["extra"]) == extra, (
+            "only its row's identity, check, checks, final state and duration lie outside the columns"
+        )
+        assert row["usage"]["cached_calls"] == record["usage"]["cached_calls"] == 0
         for cell, turn in zip(row["conversations"], record["conversations"], strict=True):
             assert (json.loads(cell["extra"]) if cell["extra"] else {}) == (
                 {"logprobs": turn["logprobs"]} if "logprobs" in turn else {}

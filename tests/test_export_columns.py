@@ -118,7 +118,8 @@ def test_extra_fields_are_found_without_parsing_the_line():
         assert found.turn_extras == turn_extras(record)
     plain = regular(4)
     found = scan(_lines([plain])[0], RUN)
-    assert found.extra == line_extra(plain) == json.dumps({"check": plain["check"]})
+    every = {"check": plain["check"], "checks": plain["checks"], "final_state": None}  # on every current line
+    assert found.extra == line_extra(plain) == json.dumps(every, ensure_ascii=False)
     assert found.turn_extras == [None] * len(plain["conversations"])
 
 

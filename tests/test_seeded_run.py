@@ -16,7 +16,7 @@ from cli_helpers import run_cli, write_dataset
 from scripted_server import ScriptedServer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "seeded_run.json"
-UNSTABLE = ("timestamp", "updated_at", "duration_seconds", "seconds")
+UNSTABLE = ("timestamp", "updated_at", "duration_seconds", "seconds", "checked_at")
 
 
 def _thinking(content: str = "done", **kw) -> dict:

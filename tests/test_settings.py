@@ -97,6 +97,8 @@ GIVEN = {
     "export_toolsets": "terminal",
     "plugins": "agentbatch.tools.terminal",
     "compare": "other",
+    "cache_dir": "model-calls",
+    "cache_expiry": "never",
 }
 
 

@@ -131,7 +131,7 @@ def test_every_line_has_the_same_shape_and_names_every_tool(lines):
         assert list(r["tool_stats"]) == list(ALL_TOOL_NAMES)
         assert list(r["tool_error_counts"]) == list(ALL_TOOL_NAMES)
         assert all(r["tool_error_counts"][n] == s["failure"] for n, s in r["tool_stats"].items())
-        assert set(r["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens", "cost"}
+        assert set(r["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens", "cost", "cached_calls"}
         assert isinstance(r["usage"]["cost"], float)
         assert isinstance(r["tools"], str) and isinstance(json.loads(r["tools"]), list)
         for turn in r["conversations"]:

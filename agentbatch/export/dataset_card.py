@@ -22,7 +22,7 @@ COLUMN_NOTES = {
     "toolsets_used": "toolsets offered to the model",
     "tool_stats": "per tool: calls, successes, failures",
     "tool_error_counts": "per tool: failed calls",
-    "usage": "tokens, and cost where the endpoint reported it",
+    "usage": "tokens, cost where the endpoint reported it, and the calls the model-call cache answered",
     "tools": "the function schemas offered, as JSON text",
     "reward": "the check's reward, null when the line has none",
     "passed": "whether the check passed, null when the line has none",

@@ -129,6 +129,7 @@ if msgspec is not None:
         completion_tokens: int = 0
         total_tokens: int = 0
         cost: _Raw = _Raw()
+        cached_calls: _Raw = _Raw()
 
     class _Counts(msgspec.Struct):
         count: int = 0
@@ -157,6 +158,8 @@ if msgspec is not None:
         # Beyond the schema's, on every line of a current run: its only extra fields, in this order.
         identity: _Raw = _Raw()
         check: _Raw = _Raw()
+        checks: _Raw = _Raw()
+        final_state: _Raw = _Raw()
         duration_seconds: _Raw = _Raw()
 
     _LINE = msgspec.json.Decoder(_Line)
@@ -182,6 +185,8 @@ def scan(line: bytes, run: Layout) -> Scan:
         return _PYTHON  # --export_no_tool_errors sums every key
     try:
         extra = _extra_text("check", known.check)
+        for key, raw in (("checks", known.checks), ("final_state", known.final_state)):  # in the line's order
+            extra = _joined(extra, _extra_text(key, raw))
         if known.duration_seconds:  # a different number on every line: not kept, put after the check's
             duration = f'"duration_seconds": {json.dumps(_value(known.duration_seconds))}'
             extra = f"{extra[:-1]}, {duration}}}" if extra else f"{{{duration}}}"
@@ -195,6 +200,13 @@ def scan(line: bytes, run: Layout) -> Scan:
 
 
 _TEXTS: dict[tuple[str, bytes], str] = {}  # the same small values recur line after line (a line without a check)
+
+
+def _joined(head: str | None, tail: str | None) -> str | None:
+    """Two JSON objects' texts (_dumps') as the text of one holding the keys of both, head's first."""
+    if not head or not tail:
+        return head or tail
+    return f"{head[:-1]}, {tail[1:]}"
 
 
 def _extra_text(key: str, raw) -> str | None:

@@ -91,7 +91,13 @@ def _schema(names: tuple[str, ...]) -> pa.Schema:
             (
                 "usage",
                 pa.struct(
-                    [("prompt_tokens", _i), ("completion_tokens", _i), ("total_tokens", _i), ("cost", pa.float64())]
+                    [
+                        ("prompt_tokens", _i),
+                        ("completion_tokens", _i),
+                        ("total_tokens", _i),
+                        ("cost", pa.float64()),
+                        ("cached_calls", _i),  # null on lines from before the model-call cache
+                    ]
                 ),
             ),
             ("tools", _s),
@@ -106,7 +112,7 @@ _JSON_TURN = pa.struct([f for f in TURN if f.name != "extra"])
 COLUMNS = frozenset(layout().schema.names) - {"extra"}
 TURN_KEYS = frozenset(("from", "value", "tool_calls", "tool_call_id", "name"))
 TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens")
-USAGE_KEYS = frozenset((*TOKENS, "cost"))
+USAGE_KEYS = frozenset((*TOKENS, "cost", "cached_calls"))
 _ZERO = {"count": 0, "success": 0, "failure": 0}
 
 
@@ -199,6 +205,7 @@ def to_row(record: dict, names: tuple[str, ...] = ALL_TOOL_NAMES) -> dict:
         "usage": {
             **{k: int(usage.get(k) or 0) for k in TOKENS},
             "cost": float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
+            "cached_calls": _int(usage.get("cached_calls")),
         },
         "tools": _text(record.get("tools")),
         "reward": float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None,

@@ -41,6 +41,11 @@ class HarborHooks(TaskHooks):
         """The task's tests, after the agent's last turn; `before` is what before_agent returned."""
         return verifier.run_tests(sample.sandbox(), self.task, sample.check_timeout, before)
 
+    def before_replay(self, sample: HookContext) -> Probe:
+        """A rescore's fresh container, before the sample's state goes in: what its tests will run with, as the image
+        made it (its /solution, if an oracle run's, is in the kept state)."""
+        return container.probe(sample.sandbox())
+
 
 def limits(task: HarborTask) -> TaskLimits:
     """The task's own: [agent] timeout_sec for its samples, [verifier] timeout_sec for its check."""

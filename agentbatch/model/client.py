@@ -18,6 +18,7 @@ from typing import Any
 
 from agentbatch.model import transport
 from agentbatch.model.base import ContextOverflow, DeadlineReached, ModelCallError, Reply
+from agentbatch.model.cache import CacheSettings
 from agentbatch.model.pacing_peers import Peers
 from agentbatch.model.rate_limit import Pacer
 from agentbatch.model.rate_limit import retry_after as _retry_after
@@ -57,6 +58,7 @@ class ModelSettings:
     pacing: bool = True  # False sends every call at once, as the runner did before (the benchmarks' baseline)
     pacing_dir: str | None = None  # where the workers tell each other an endpoint's rate limit (rate_limit.py)
     logprobs: bool = False
+    cache: CacheSettings | None = None  # --cache: where replies are kept and for how long (model/cache.py)
 
     def extra_body(self, main: bool = True) -> dict:
         """OpenRouter's `provider` and (for the main model only) `reasoning` and `logprobs` fields, when asked for."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentbatch.model import cache
 from agentbatch.model.base import Model
 from agentbatch.model.client import ModelClient, ModelSettings
 from agentbatch.registry import Registry, origin_of
@@ -79,6 +80,7 @@ def needs_endpoint(name: str) -> bool:
 
 
 def make(settings: ModelSettings) -> Model:
-    """The run's model: the one registered under its name, else the endpoint's through the HTTP client."""
+    """The run's model: the one registered under its name, else the endpoint's through the HTTP client; behind the
+    model-call cache when the run asked for it (--cache)."""
     r = MODELS.get(settings.model)
-    return r.factory(settings) if r is not None else ModelClient(settings)
+    return cache.cached(r.factory(settings) if r is not None else ModelClient(settings), settings)

@@ -35,23 +35,49 @@ class Usage:
     completion_tokens: int = 0
     total_tokens: int = 0
     cost: float = 0.0
+    cached_calls: int = 0  # calls the model-call cache answered (model/cache.py): no tokens, no cost
+    # What those cached replies cost when they were paid for: the sample's own token and cost limits count it,
+    # so a replay stops where the paid run stopped; the line, the statistics and the budget do not.
+    replayed_tokens: int = field(default=0, compare=False)
+    replayed_cost: float = field(default=0.0, compare=False)
     prices: Prices = field(default_factory=Prices, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, usage: Any) -> None:
         """Add a reply's `usage` object; a count or cost that is missing or not one (model.numbers) is not sent."""
-        if not isinstance(usage, dict):
+        counted = self._read(usage)
+        if counted is None:
             return
-        p = numbers.count(usage.get("prompt_tokens")) or 0
-        c = numbers.count(usage.get("completion_tokens")) or 0
-        total = numbers.count(usage.get("total_tokens")) or p + c
-        reported = numbers.usd(usage.get("cost"))
-        cost = reported if reported is not None else self.prices.cost(p, c)
+        p, c, total, cost = counted
         with self._lock:
             self.prompt_tokens += p
             self.completion_tokens += c
             self.total_tokens += total
             self.cost += cost
+
+    def add_cached(self, usage: Any) -> None:
+        """A call the cache answered; `usage` is what its reply's call reported when it was paid for."""
+        p, c, total, cost = self._read(usage) or (0, 0, 0, 0.0)
+        with self._lock:
+            self.cached_calls += 1
+            self.replayed_tokens += total
+            self.replayed_cost += cost
+
+    def _read(self, usage: Any) -> tuple[int, int, int, float] | None:
+        if not isinstance(usage, dict):
+            return None
+        p = numbers.count(usage.get("prompt_tokens")) or 0
+        c = numbers.count(usage.get("completion_tokens")) or 0
+        total = numbers.count(usage.get("total_tokens")) or p + c
+        reported = numbers.usd(usage.get("cost"))
+        return p, c, total, reported if reported is not None else self.prices.cost(p, c)
+
+    def limit_tokens(self) -> int:
+        """The tokens a sample's token limit counts: those paid for now, and those its cached replies cost once."""
+        return self.total_tokens + self.replayed_tokens
+
+    def limit_cost(self) -> float:
+        return self.cost + self.replayed_cost
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +85,7 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
             "cost": round(self.cost, COST_DIGITS),
+            "cached_calls": self.cached_calls,
         }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 
 from agentbatch.run_dir import atomic
 from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
@@ -61,9 +62,7 @@ class RunFiles:
         merge copies the line without parsing it (a merge of this session's lines was ~0.2 ms a line).
         """
         text = _dumps(obj)
-        # No secret, whatever a tool or endpoint echoed, and no lone surrogate, which UTF-8 cannot hold and whose
-        # JSON escape would make the whole file unloadable in `datasets`.
-        written = scrub(self.redact(text))
+        written = self.line_text(text)
         line = written + "\n"
         f = self._handles.get(path)
         if f is None:
@@ -92,6 +91,26 @@ class RunFiles:
                 firsts[kind] = size
         return True
 
+    def line_text(self, text: str) -> str:
+        """A line's JSON text as it is written: no secret, whatever a tool or endpoint echoed, and no lone
+        surrogate, which UTF-8 cannot hold and whose JSON escape would make the whole file unloadable in `datasets`."""
+        return scrub(self.redact(text))
+
+    def replace_lines(self, path: str, changed: dict[int, dict]) -> int:
+        """Replace a file of lines whole (run_dir/atomic.py), its lines numbered in `changed` (1-based, among the
+        lines that are not blank, as the reader numbers them) by those records, every other line as it was; how
+        many were replaced. A batch file is never appended to: this is how a rescore rewrites one."""
+        replaced = 0
+        with atomic.replacing(path) as out:
+            for number, (_offset, raw, _value) in enumerate(self.reader().read(path, parse=None), 1):
+                record = changed.get(number)
+                if record is None:
+                    out.write(raw)
+                    continue
+                out.write((self.line_text(_dumps(record)) + "\n").encode("utf-8"))
+                replaced += 1
+        return replaced
+
     def sync(self) -> None:
         """fsync the open files (done at checkpoints, so power loss costs seconds, not hours)."""
         for f in self._handles.values():
@@ -101,6 +120,22 @@ class RunFiles:
         for f in self._handles.values():
             f.close()
         self._handles.clear()
+
+    def keep_state(self, state: str | bytes, name: str) -> None:
+        """Record a sample's kept final state as final_state/<name>: a file a worker staged outside the run directory
+        (moved in, the staged file gone), or its bytes. Whole or not at all: its line, which names it, comes after."""
+        os.makedirs(self.paths.final_state(), exist_ok=True)
+        target = self.paths.final_state(name)
+        if isinstance(state, bytes):
+            with atomic.replacing(target) as f:
+                f.write(state)
+            return
+        try:
+            os.replace(state, target)  # the staging directory on the run's file system
+        except OSError:
+            with open(state, "rb") as src, atomic.replacing(target) as f:
+                shutil.copyfileobj(src, f, 1 << 20)
+            os.unlink(state)
 
     def write_json(self, name: str, obj: dict) -> None:
         """Replace a JSON file of the run atomically, redacted and without lone surrogates as every line."""

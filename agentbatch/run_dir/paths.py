@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import uuid
 
 TRAJECTORIES = "trajectories.jsonl"
 DISCARDED = "discarded.jsonl"
@@ -18,6 +19,7 @@ HARBOR_WARNINGS = "harbor_warnings.json"  # the task.toml warnings a session of 
 EXPORT = "export"  # export/<format>/ and export/report.json
 EXPORT_REPORT = "report.json"
 EXPORT_LOCK = "export.lock"  # in export/: held by the export writing there (run_dir/lock.py)
+FINAL_STATE = "final_state"  # final_state/<name>.tar: a sample's sandbox as its agent left it (sample_state.py)
 REPORT = "report.html"  # --report (docs/report.md)
 COMPARE = "compare.html"  # --compare: the run and others side by side
 _BATCH = re.compile(r"^batch_(\d+)\.jsonl$")
@@ -87,6 +89,12 @@ class RunPaths:
             os.path.exists(self.path(name)) for name in (DISCARDED, FAILED, CHECKPOINT)
         )
 
+    def final_state(self, name: str = "") -> str:
+        """final_state/, or the kept state a line's `final_state` names (a file name: nothing else is taken)."""
+        if not name:
+            return self.path(FINAL_STATE)
+        return os.path.join(self.dir, FINAL_STATE, os.path.basename(name))
+
     def export(self, name: str = "") -> str:
         """export/, or a format's folder or a file in it."""
         return os.path.join(self.dir, EXPORT, name) if name else os.path.join(self.dir, EXPORT)
@@ -110,3 +118,8 @@ def _kind(path: str) -> str | None:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "a device"
+
+
+def final_state_name(index: int, sample: int) -> str:
+    """The file a sample's kept state gets in final_state/: its prompt and sample, and a part no other has."""
+    return f"{index}-{sample}-{uuid.uuid4().hex[:12]}.tar"

@@ -7,6 +7,8 @@ replaced when an outcome arrives at least CHECKPOINT_SECONDS after the last one,
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentbatch.run_dir.files import RunFiles
-from agentbatch.run_dir.paths import CHECKPOINT, DISCARDED, FAILED
+from agentbatch.run_dir.paths import CHECKPOINT, DISCARDED, FAILED, final_state_name
 from agentbatch.run_dir.reader import read_json
 from agentbatch.work import now_iso
 from trajectory import no_task, with_tool_names
@@ -57,6 +59,8 @@ class Recorder:
         files = self.files
         # An entry for each of the run's tools: after a resume with other tools, its own and the earlier ones'.
         record = with_tool_names(o.record, files.tool_names) if o.record is not None else None
+        if o.final_state is not None:
+            record = self._keep_state(o, record)
         if o.status == "done":
             if files.append(files.paths.batch(o.batch_num), record, kept=True):
                 self.on_trajectory(record)
@@ -83,6 +87,17 @@ class Recorder:
         self.counts[o.status] += 1
         if time.monotonic() - self._last_checkpoint >= CHECKPOINT_SECONDS:
             self.checkpoint("running")
+
+    def _keep_state(self, o: SampleOutcome, record: dict | None) -> dict | None:
+        """The sample's kept final state recorded before its line, which names it; a failed attempt's removed."""
+        if record is None or o.status not in ("done", "discarded"):
+            if isinstance(o.final_state, str):
+                with contextlib.suppress(OSError):
+                    os.unlink(o.final_state)
+            return record
+        name = final_state_name(o.index, o.sample_index)
+        self.files.keep_state(o.final_state, name)
+        return dict(record, final_state=name)
 
     def checkpoint(self, state: str) -> None:
         """Sync the lines written so far, then say so in checkpoint.json (raises OSError)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
@@ -224,9 +225,61 @@ class Backend(abc.ABC):
         """In the runner: remove what dead sessions left (sandboxes carrying these labels); how many."""
         return 0
 
+    def save_state(self, sandbox: Sandbox, out: BinaryIO, limit: int) -> dict:
+        """The sandbox's files as its sample left them, written to `out` as a gzip-compressed tar of at most `limit`
+        bytes (--keep_final_state); returns what restoring them needs besides (JSON: paths deleted, say).
+        SandboxError if they cannot be kept.
+
+        The default keeps the work directory, archived by the sandbox's own `tar` through `start` (any backend
+        whose sandboxes start empty); a backend whose sandboxes start from an image keeps what changed in it.
+        """
+        process = sandbox.start(["tar", "-czf", "-", "."])
+        try:
+            written = 0
+            while chunk := process.stdout.read(STATE_CHUNK):
+                written += len(chunk)
+                if written > limit:
+                    raise SandboxError(f"the work directory is over {limit} bytes compressed")
+                out.write(chunk)
+            code = _ended(process)
+        finally:
+            process.kill()
+        if code not in (0, 1):  # 1: a file changed while it was read (a process the agent left), kept as read
+            raise SandboxError(f"tar could not archive the work directory (exit {code}): {one_line(process.stderr())}")
+        return {}
+
+    def restore_state(self, sandbox: Sandbox, files: BinaryIO, notes: dict) -> None:
+        """Put what `save_state` kept into a fresh sandbox of the same spec (`notes`: what it returned); SandboxError
+        if it cannot. The default unpacks it into the work directory with the sandbox's own `tar`."""
+        process = sandbox.start(["tar", "-xzf", "-"])
+        try:
+            try:
+                while chunk := files.read(STATE_CHUNK):
+                    process.stdin.write(chunk)
+                process.stdin.close()
+            except (BrokenPipeError, ValueError):  # tar stopped reading: its exit code says why
+                pass
+            process.stdout.read()
+            code = _ended(process)
+        finally:
+            process.kill()
+        if code != 0:
+            raise SandboxError(f"tar could not unpack the kept state (exit {code}): {one_line(process.stderr())}")
+
     def reaped(self, n: int, whose: str) -> str:
         """The line a session prints after `reap` removed n sandboxes (`whose`: "left by an earlier session of X")."""
         return f"removed {n} {self.name} sandboxes {whose}"
+
+
+STATE_CHUNK = 1 << 20
+
+
+def _ended(process: Process, seconds: float = 30.0) -> int | None:
+    """A process's exit code once its output has ended (it may take a moment to be reaped); None if it never does."""
+    deadline = time.monotonic() + seconds
+    while (code := process.poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return code
 
 
 def owner_labels(run_dir: str, session: str) -> dict[str, str]:

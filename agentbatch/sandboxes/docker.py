@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from agentbatch.sandboxes import registry
 from agentbatch.sandboxes.base import Backend, Prepared, SandboxError, SandboxSettings, SandboxSpec
@@ -65,3 +65,14 @@ class DockerBackend(Backend):
 
     def reaped(self, n: int, whose: str) -> str:
         return f"removed {n} containers {whose}"
+
+    def save_state(self, sandbox: DockerSandbox, out: BinaryIO, limit: int) -> dict:
+        """What changed in the container since it was made from its image (docker_state.py), not only its workdir."""
+        from agentbatch.sandboxes import docker_state
+
+        return docker_state.save(sandbox, out, limit)
+
+    def restore_state(self, sandbox: DockerSandbox, files: BinaryIO, notes: dict) -> None:
+        from agentbatch.sandboxes import docker_state
+
+        docker_state.restore(sandbox, files, notes)

@@ -21,6 +21,11 @@ class SampleSandbox:
         self.error: SandboxError | None = None
         self._sandbox: Sandbox | None = None
 
+    @property
+    def made(self) -> bool:
+        """Whether the sandbox exists now (made at a first use, not yet removed)."""
+        return self._sandbox is not None
+
     def get(self, time_left: float | None = None) -> Sandbox:
         """The sandbox, created now if need be once a start slot is free; TimeoutError if `time_left` passes first."""
         if self._sandbox is None:

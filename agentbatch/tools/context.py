@@ -63,6 +63,11 @@ class ToolContext:
         return self._sandbox.get(self.limits.time_left())
 
     @property
+    def has_sandbox(self) -> bool:
+        """Whether the prompt's sandbox was made (by a tool, the setup or the check) and is still there."""
+        return self._sandbox.made
+
+    @property
     def sandbox_error(self) -> SandboxError | None:
         """Why the sandbox could not be made: the environment's fault, not the model's, so the prompt fails (and
         --resume retries it) instead of saving a trajectory of it."""
