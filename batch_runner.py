@@ -10,21 +10,17 @@ import signal
 import sys
 from typing import Any
 
-from agentbatch import command_line, flag_checks, flags
+from agentbatch import command_line, flags
 from agentbatch.errors import FatalError
 from toolset_distributions import format_distributions
 
 
 def main(**values: Any) -> None:
-    try:
-        verbose = flag_checks.boolean("verbose", values.get("verbose", False))
-    except FatalError:
-        verbose = False  # flags.parse names the bad value
+    verbose = flags.verbose(values)  # before the flags are checked: a bad value is named by its check
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        if flag_checks.boolean("list_distributions", values.get("list_distributions", False)):
-            own = ("distributions_file", "tools", "mcp_config", "plugins")
-            if any(values.get(name) is not None for name in own):  # checked against the toolsets they name
+        if flags.lists_distributions(values):
+            if flags.names_own_toolsets(values):  # checked against the toolsets they name
                 from agentbatch import launch
 
                 print(launch.distributions_text(values))

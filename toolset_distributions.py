@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -132,24 +133,78 @@ def read_distributions(path: str) -> dict[str, Distribution]:
     data = _decode(text, path, where)
     if not isinstance(data, dict) or not data:
         raise DistributionError(f"{where}: expected an object of distributions: {{name: {{toolset: percent}}}}")
-    return {name: _distribution(name, value, f"{where}: distribution {name!r}", path) for name, value in data.items()}
+    return {
+        name: _distribution(name, value, f"{where}: distribution {_excerpt(name)}", path)
+        for name, value in data.items()
+    }
 
 
 def _decode(text: str, path: str, where: str) -> object:
     if not path.endswith((".yaml", ".yml")):
         try:
             return json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             if path.endswith(".json"):
-                raise DistributionError(f"{where}: not JSON: {e}") from None
+                raise DistributionError(f"{where}: not JSON: {_why(e)}") from None
     try:
         import yaml
     except ImportError:
         raise DistributionError(f"{where}: reading YAML needs PyYAML (pip install pyyaml)") from None
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise DistributionError(f"{where}: not JSON or YAML: {' '.join(str(e).split())}") from None
+        return yaml.load(text, Loader=_no_aliases(yaml, where))  # a SafeLoader's, refusing aliases
+    except DistributionError:
+        raise
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        raise DistributionError(f"{where}: not JSON or YAML: {_why(e)}") from None
+
+
+def _no_aliases(yaml, where: str):
+    """PyYAML's SafeLoader refusing aliases: a few hundred bytes of nested `*a` would be billions of values
+    wherever the file's contents are walked or shown (a "billion laughs"); a distributions file needs none."""
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise DistributionError(
+                    f"{where}: line {event.start_mark.line + 1}: YAML aliases (*{_toolset(event.anchor)}) are not "
+                    "accepted: write the value out"
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliases
+
+
+def _why(e: BaseException) -> str:
+    """A decoder's error as one short line."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    text = " ".join(str(e).split())
+    if "integer string conversion" in text:  # Python's limit on the digits of an integer (4300)
+        return "a number has too many digits"
+    return text[:200]
+
+
+# An error quotes a value the file gave (a name, a toolset, a percent) in at most this many characters, whatever
+# its size: a repr of the whole of it may be megabytes. The agentbatch package has its own (flag_checks.shown):
+# this module imports nothing of it.
+_EXCERPT = reprlib.Repr()
+_EXCERPT.maxlevel, _EXCERPT.maxdict, _EXCERPT.maxlist = 2, 3, 3
+_EXCERPT.maxstring = _EXCERPT.maxother = _EXCERPT.maxlong = 40
+
+
+def _excerpt(value: object) -> str:
+    """The value as an error quotes it: its repr, at most ~60 characters however large the value."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"a {'negative ' if value < 0 else ''}number of about {int(value.bit_length() * 0.30103)} digits"
+    return _EXCERPT.repr(value)[:60]
+
+
+def _toolset(value: object) -> str:
+    """A toolset the file names, as an error quotes it (a string as it is, cut to 60 characters)."""
+    if not isinstance(value, str):
+        return _excerpt(value)
+    return value if len(value) <= 60 else value[:57] + "..."
 
 
 def _distribution(name: object, value: object, where: str, source: str) -> Distribution:
@@ -165,7 +220,7 @@ def _distribution(name: object, value: object, where: str, source: str) -> Distr
     probabilities: dict[str, float] = {}
     for toolset, percent in value.items():
         if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 <= percent <= 100:
-            raise DistributionError(f"{where}: {toolset}: {percent!r} is not a percent from 0 to 100")
+            raise DistributionError(f"{where}: {_toolset(toolset)}: {_excerpt(percent)} is not a percent from 0 to 100")
         if percent:
             probabilities[str(toolset)] = int(percent) if float(percent).is_integer() else float(percent)
     if not probabilities:
@@ -184,7 +239,7 @@ def check_toolsets(table: dict[str, Distribution], toolsets: Iterable[str]) -> N
                 f"--distributions_file {d.source}: distribution {d.name!r}" if d.source else f"distribution {d.name!r}"
             )
             raise DistributionError(
-                f"{where} names the toolset {unknown[0]!r}, which this run does not have; "
+                f"{where} names the toolset {_excerpt(unknown[0])}, which this run does not have; "
                 f"its toolsets: {', '.join(known)}"
             )
 

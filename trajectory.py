@@ -132,23 +132,6 @@ def to_openai_messages(conversations: list[dict]) -> list[dict]:
     return messages
 
 
-def from_openai_messages(messages: list[dict]) -> list[dict]:
-    """OpenAI chat messages → ShareGPT turns (the inverse of to_openai_messages); a tool turn's name is its call's."""
-    names: dict[Any, str] = {}
-    turns: list[dict] = []
-    for m in messages:
-        if m.get("role") == "system":
-            turns.append({"from": "system", "value": m.get("content") or ""})
-            continue
-        if m.get("role") == "assistant":
-            names = {c.get("id"): c["function"]["name"] for c in m.get("tool_calls") or []}
-            m = dict(m, reasoning=m.get("reasoning_content") or "")
-        elif m.get("role") == "tool":
-            m = dict(m, name=m.get("name") or names.get(m.get("tool_call_id")))
-        turns.extend(to_conversations([m]))
-    return turns
-
-
 _BUILT_IN = frozenset(ALL_TOOL_NAMES)
 
 
@@ -204,8 +187,14 @@ def reasoning_counts(conversations: list[dict]) -> tuple[int, int]:
 
 
 def unknown_tools(conversations: list[dict], known: Collection[str] = _BUILT_IN) -> set[str]:
-    """Tool names called in these turns that are not among `known` (the run's tools: the built-ins and its own)."""
-    return {name for t in conversations for c in t.get("tool_calls") or [] if (name := c.get("name")) not in known}
+    """Tool names called in these turns that are not among `known` (the run's tools: the built-ins and its own).
+
+    Turns of another shape (not a trajectory's: the run's reader drops such a line before asking) call a tool
+    no run has, "?": whatever a line holds, this answers and never raises."""
+    try:
+        return {name for t in conversations for c in t.get("tool_calls") or [] if (name := c.get("name")) not in known}
+    except (AttributeError, TypeError):  # a turn or call that is no object, a name that is a list...
+        return {"?"}
 
 
 def build_record(

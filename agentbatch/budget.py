@@ -1,13 +1,13 @@
 """The run's budget (--budget_usd, --budget_tokens; docs/limits.md).
 
-What the run has spent is read from its files when a session starts (the batch files, discarded.jsonl and
-failed.jsonl: every attempt that was paid for) and grows as this session's prompts finish. A prompt may
-start only while what is spent, plus the projected cost of the prompts in flight and of this one, stays
-within the budget; running prompts always finish. The projection is the mean spend of the paid attempts so
-far (those that spent anything: a failed setup, a missing image or a refused request costs nothing and says
-nothing about what a prompt costs), with a margin that shrinks as more of them finish, and never more than a
-per-prompt limit; before any paid attempt has finished one prompt runs at a time (or, with a per-prompt
-limit, as many as the limit allows), so even the first wave cannot overrun.
+What the run has spent is read from its files when a session starts (run_dir's reader, RunReader.spend: the
+batch files, discarded.jsonl and failed.jsonl, every attempt that was paid for) and grows as this session's
+prompts finish. A prompt may start only while what is spent, plus the projected cost of the prompts in
+flight and of this one, stays within the budget; running prompts always finish. The projection is the mean
+spend of the paid attempts so far (those that spent anything: a failed setup, a missing image or a refused
+request costs nothing and says nothing about what a prompt costs), with a margin that shrinks as more of
+them finish, and never more than a per-prompt limit; before any paid attempt has finished one prompt runs at
+a time (or, with a per-prompt limit, as many as the limit allows), so even the first wave cannot overrun.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from agentbatch.model.usage import cost_of
-from agentbatch.run_dir import lines
-from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
+from agentbatch.run_dir.spend import Spend
 
 
 @dataclass(frozen=True)
@@ -32,38 +30,6 @@ class BudgetSettings:
     @property
     def active(self) -> bool:
         return self.usd is not None or self.tokens is not None
-
-
-@dataclass
-class Spend:
-    """USD and tokens spent over some finished attempts, and how many of them spent anything."""
-
-    cost: float = 0.0
-    tokens: int = 0
-    attempts: int = 0
-    paid: int = 0
-
-    def add(self, usage: object) -> None:
-        cost, tokens = cost_of(usage), tokens_of(usage)
-        self.cost += cost
-        self.tokens += tokens
-        self.attempts += 1
-        self.paid += cost > 0 or tokens > 0
-
-
-def tokens_of(usage: object) -> int:
-    """The total tokens of a saved `usage` object; 0 for anything but a whole number (a hand edit, a foreign line)."""
-    value = usage.get("total_tokens") if isinstance(usage, dict) else None
-    return value if type(value) is int and value > 0 else 0
-
-
-def spent_in(paths: RunPaths) -> Spend:
-    """What the sessions before this one spent, from every line of the run's files."""
-    spend = Spend()
-    for path in (*paths.batches(), paths.path(DISCARDED), paths.path(FAILED)):
-        for record in lines.records(path):
-            spend.add(record.get("usage"))
-    return spend
 
 
 class Budget:

@@ -50,7 +50,10 @@ def keyword_values(argv: list[str]) -> dict[str, Any] | None:
 def literal(value: str) -> Any:
     """A value as Fire parses it: a Python literal in which bare words are strings; otherwise the text itself."""
     if _INT.fullmatch(value):
-        return int(value)
+        try:
+            return int(value)
+        except ValueError:  # past Python's 4300 digits: the text, which the flag's check then refuses
+            return value
     if _WORD.fullmatch(value):
         return _CONSTANTS.get(value, value)
     import ast  # only for values beyond whole numbers and words

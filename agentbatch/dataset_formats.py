@@ -1,9 +1,9 @@
 """Dataset formats: what `--dataset_file` may name, and the one function that reads it (docs/datasets.md).
 
 A format is a class registered with `@dataset_format("name")` (built-in: `jsonl`, agentbatch/dataset_jsonl.py;
-plug-ins register theirs the same way, agentbatch/plugins.py). It answers `claims(path)`: whether the
-path is a dataset of its kind, and `load(path, max_samples)`: the valid entries (dataset.Entry), at most
-`max_samples` of them, and one warning per skipped row. A dataset that cannot be used at all raises
+plug-ins register theirs the same way, agentbatch/plugins.py) in the one Registry of formats, FORMATS. It
+answers `claims(path)`: whether the path is a dataset of its kind, and `load(path, max_samples)`: the valid
+entries (dataset.Entry), at most `max_samples` of them, and one warning per skipped row. A dataset that cannot be used at all raises
 DatasetError (one line, exit 2). The formats registered last are asked first, so a plug-in can claim
 what a built-in would; `jsonl` claims whatever no other does.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agentbatch import plugins
 from agentbatch.dataset import DatasetError, Entry
+from agentbatch.registry import Registry, origin_of
 
 
 class DatasetFormat(Protocol):
@@ -29,21 +29,16 @@ class DatasetFormat(Protocol):
         """The valid entries (the first `max_samples`) and one warning per skipped row; DatasetError if none can be read."""
 
 
-_FORMATS: dict[str, DatasetFormat] = {}
+FORMATS: Registry[DatasetFormat] = Registry("dataset format")
 
 
 def dataset_format(name: str):
     """Register the decorated class (instantiated without arguments) as the dataset format `name`."""
 
     def declare(cls):
-        known = _FORMATS.get(name)
-        if known is not None and type(known).__qualname__ != cls.__qualname__:
-            raise ValueError(
-                f"dataset format {name!r} is registered twice: {type(known).__module__} and {cls.__module__}"
-            )
         instance = cls()
         instance.name = name
-        _FORMATS[name] = instance
+        FORMATS.add(name, instance, origin_of(cls))
         return cls
 
     return declare
@@ -51,16 +46,16 @@ def dataset_format(name: str):
 
 def formats() -> dict[str, DatasetFormat]:
     """Every registered format, by name (the built-ins first)."""
-    plugins.load()
-    return dict(_FORMATS)
+    return FORMATS.items()
 
 
 def format_of(path: str) -> DatasetFormat:
     """The format of the dataset at `path`: the last-registered one that claims it."""
-    for fmt in reversed(formats().values()):
+    known = formats()
+    for fmt in reversed(known.values()):
         if fmt.claims(path):
             return fmt
-    raise DatasetError(f"no dataset format reads {path}; known formats: {', '.join(_FORMATS)}")
+    raise DatasetError(f"no dataset format reads {path}; known formats: {', '.join(known)}")
 
 
 def load(path: str, max_samples: int | None = None) -> tuple[list[Entry], list[str]]:

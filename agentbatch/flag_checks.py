@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import reprlib
 import stat
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,20 @@ MAX_SIZE = 1 << 44  # 16 TiB
 SIZE_UNITS = "16384g"
 
 
+def shown(value: Any) -> str:
+    """A value as an error quotes it: its repr, cut to about 60 characters (a flag's value may be thousands of
+    characters long; an integer past Python's 4300 digits has no repr at all)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"a whole number of about {int(value.bit_length() * 0.30103)} digits"
+    text = _SHOWN.repr(value)
+    return f"{text} ({len(value)} characters)" if isinstance(value, str) and len(value) > _SHOWN.maxstring else text
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 2, 4, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 50
+
+
 def number(minimum: float, maximum: float, what: str = "a number", whole: bool = False, above: bool = False):
     """A check: a finite number (`whole`: an integer) from `minimum` (`above`: excluded) to `maximum`."""
     low, high = f"{minimum:.15g}", f"{maximum:.15g}"
@@ -37,7 +52,7 @@ def number(minimum: float, maximum: float, what: str = "a number", whole: bool =
         kinds = int if whole else (int, float)
         fits = not isinstance(value, bool) and isinstance(value, kinds) and minimum <= value <= maximum
         if not fits or (above and value == minimum):
-            raise FatalError(f"--{name} must be {rule}, got {value!r}")
+            raise FatalError(f"--{name} must be {rule}, got {shown(value)}")
         return value if whole else float(value)
 
     return check
@@ -48,13 +63,7 @@ def whole(minimum: int, maximum: int):
     return number(minimum, maximum, "a whole number", whole=True)
 
 
-def positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    """An integer flag from `minimum` to 2**31 - 1."""
-    return whole(minimum, 2**31 - 1)(name, value)
-
-
 seconds = number(0, MAX_SECONDS, "a number of seconds", above=True)
-positive_float = number(0, 1e9, "a number", above=True)  # a flag of no unit of its own
 usd = number(0, numbers.MAX_USD, "an amount of USD", above=True)
 price = number(0, MAX_PRICE, "a price in USD per million tokens")
 
@@ -64,7 +73,7 @@ def boolean(name: str, value: Any) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
         return value.lower() in ("true", "yes", "1")
-    raise FatalError(f"--{name} must be true or false, got {value!r}")
+    raise FatalError(f"--{name} must be true or false, got {shown(value)}")
 
 
 def name_list(name: str, value: Any) -> tuple[str, ...]:
@@ -87,7 +96,7 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str | None:
     if value is None:
         return None
     if value not in allowed:
-        raise FatalError(f"--{name} must be one of {', '.join(allowed)}, got {value!r}")
+        raise FatalError(f"--{name} must be one of {', '.join(allowed)}, got {shown(value)}")
     return value
 
 
@@ -101,7 +110,7 @@ def network(name: str, value: Any) -> bool:
     """--sandbox_network: on, or none (True: the sandbox has the host's network)."""
     text = str(value).strip().lower()
     if text not in ("on", "none"):
-        raise FatalError(f"--{name} must be on or none, got {value!r}")
+        raise FatalError(f"--{name} must be on or none, got {shown(value)}")
     return text == "on"
 
 
@@ -112,7 +121,7 @@ def size(minimum: str) -> Callable[[str, Any], int]:
         found = _size_bytes(value)
         if found is None or not _size_bytes(minimum) <= found <= MAX_SIZE:
             raise FatalError(
-                f"--{name} must be a size from {minimum} to {SIZE_UNITS}, such as 512m or 2g, got {value!r}"
+                f"--{name} must be a size from {minimum} to {SIZE_UNITS}, such as 512m or 2g, got {shown(value)}"
             )
         return found
 
@@ -121,6 +130,8 @@ def size(minimum: str) -> Callable[[str, Any], int]:
 
 def _size_bytes(value: Any) -> int | None:
     """Bytes of a size written in ASCII digits ("١g" is not one), or None."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        return None  # past any size (and past what str() converts, at 4300 digits)
     m = _SIZE.fullmatch(str(value).strip().lower())
     if not m or len(m.group(1)) > 30:
         return None
@@ -137,7 +148,7 @@ def docker_memory(name: str, value: Any) -> str:
     """A container memory limit such as 512m or 2g (bytes without a unit), from Docker's 6 MB minimum to MAX_SIZE."""
     found = _size_bytes(value)
     if found is None or not MIN_MEMORY_BYTES <= found <= MAX_SIZE:
-        raise FatalError(f"--{name} must be a size from 6m to {SIZE_UNITS}, such as 512m or 2g, got {value!r}")
+        raise FatalError(f"--{name} must be a size from 6m to {SIZE_UNITS}, such as 512m or 2g, got {shown(value)}")
     return str(found)
 
 
@@ -154,7 +165,7 @@ def run_name(name: str, value: Any) -> str:
         raise FatalError("--run_name is required: output goes to data/<run_name>/")
     value = str(value)
     if "/" in value or value in (".", "..") or "\x00" in value:
-        raise FatalError(f"--run_name {value!r} must be a plain name, not a path")
+        raise FatalError(f"--run_name {shown(value)} must be a plain name, not a path")
     return value
 
 
@@ -208,8 +219,8 @@ def url(name: str, value: Any, schemes: tuple[str, ...] = ("http", "https")) -> 
             elif parts.username is not None or parts.password is not None:
                 problem = "credentials go in --api_key, not in the URL"
     if problem:
-        shown = re.sub(r"//[^/@]*@", "//", text)  # never the credentials
-        raise FatalError(f"--{name} {shown!r} is not a usable URL: {problem}")
+        without_credentials = re.sub(r"//[^/@]*@", "//", text)
+        raise FatalError(f"--{name} {shown(without_credentials)} is not a usable URL: {problem}")
     return text.rstrip("/")
 
 

@@ -7,7 +7,7 @@ reference page docs/flags.md all come from FLAGS; tests/test_flags.py holds the 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,7 @@ def _distribution(name: str, value: Any) -> str:
 
 def _seed(name: str, value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise FatalError(f"--{name} must be a whole number, got {value!r}")
+        raise FatalError(f"--{name} must be a whole number, got {check.shown(value)}")
     return value
 
 
@@ -63,6 +63,15 @@ class Flag:
     text: bool = False
     shown_default: str | None = None  # how the README shows the default, when not the literal value
     kind: type | None = None  # the value's type for --help, when neither `text` nor the default tells it
+    # Where its checked value goes in the typed settings (settings.py): `Settings.<group>.<field>`, the field named
+    # as the flag unless `field` says otherwise. tests/test_settings.py holds every flag to exactly one field.
+    group: str = ""
+    field: str | None = None
+
+    @property
+    def attribute(self) -> str:
+        """Its field's name in its group of the settings."""
+        return self.field or self.name
 
     def annotation(self) -> Any:
         kind = str if self.text else self.kind or type(self.default)
@@ -76,8 +85,16 @@ class Flag:
         return str(self.default).lower() if isinstance(self.default, bool) else str(self.default)
 
 
-def _t(name: str, default: Any, help: str, check: Check = _text, shown: str | None = None) -> Flag:
-    return Flag(name, default, help, check, text=True, shown_default=shown)
+def _t(
+    name: str,
+    default: Any,
+    help: str,
+    check: Check = _text,
+    shown: str | None = None,
+    group: str = "",
+    field: str | None = None,
+) -> Flag:
+    return Flag(name, default, help, check, text=True, shown_default=shown, group=group, field=field)
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -87,10 +104,26 @@ FLAGS: tuple[Flag, ...] = (
         'JSONL file, one {"prompt": ...} object per line (see "The dataset")',
         check.input_path,
         shown="required",
+        group="run",
     ),
-    Flag("batch_size", None, "prompts per batch file", _optional(_int(1, 10**9)), shown_default="required", kind=int),
-    _t("run_name", None, "output goes to <output_dir>/<run_name>/", _optional(check.run_name), shown="required"),
-    _t("distribution", "default", "toolset distribution, see --list_distributions", _distribution),
+    Flag(
+        "batch_size",
+        None,
+        "prompts per batch file",
+        _optional(_int(1, 10**9)),
+        shown_default="required",
+        kind=int,
+        group="run",
+    ),
+    _t(
+        "run_name",
+        None,
+        "output goes to <output_dir>/<run_name>/",
+        _optional(check.run_name),
+        shown="required",
+        group="run",
+    ),
+    _t("distribution", "default", "toolset distribution, see --list_distributions", _distribution, group="tools"),
     Flag(
         "tools",
         None,
@@ -98,6 +131,7 @@ FLAGS: tuple[Flag, ...] = (
         "toolset (see docs/tools.md)",
         check.name_list,
         kind=str,
+        group="tools",
     ),
     _t(
         "mcp_config",
@@ -105,6 +139,7 @@ FLAGS: tuple[Flag, ...] = (
         "an mcp.json of MCP servers (stdio or Streamable HTTP) whose tools the run offers, each server a toolset "
         "(see docs/tools.md)",
         check.input_file,
+        group="tools",
     ),
     _t(
         "distributions_file",
@@ -112,23 +147,31 @@ FLAGS: tuple[Flag, ...] = (
         "a JSON or YAML file of distributions (toolset: percent) added to the built-ins, or replacing one of the "
         "same name (see docs/tools.md)",
         check.input_file,
+        group="tools",
     ),
-    _t("model", "anthropic/claude-sonnet-4.6", "model name at the endpoint; `local` runs the embedded model offline"),
-    _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint", check.base_url),
+    _t(
+        "model",
+        "anthropic/claude-sonnet-4.6",
+        "model name at the endpoint; `local` runs the embedded model offline",
+        group="model",
+    ),
+    _t("base_url", "https://openrouter.ai/api/v1", "any OpenAI-compatible endpoint", check.base_url, group="model"),
     _t(
         "api_key",
         None,
         "else OPENROUTER_API_KEY, else OPENAI_API_KEY; required for openrouter.ai and api.openai.com",
         lambda n, v: check.header_safe(f"--{n}", v),
         shown="env",
+        group="model",
     ),
-    Flag("max_turns", 10, "model calls per prompt", _int(1, 1_000_000)),
+    Flag("max_turns", 10, "model calls per prompt", _int(1, 1_000_000), group="limits"),
     Flag(
         "max_tokens",
         None,
         "most tokens a model may write per call (the request's `max_tokens`)",
         _optional(_int(1)),
         kind=int,
+        group="model",
     ),
     Flag(
         "max_tokens_per_prompt",
@@ -136,6 +179,7 @@ FLAGS: tuple[Flag, ...] = (
         "tokens (prompt + completion, all calls) after which a prompt makes no further model call: `partial`, stop_reason `tokens`",
         _optional(_int(1, numbers.MAX_COUNT)),
         kind=int,
+        group="limits",
     ),
     Flag(
         "max_cost_per_prompt",
@@ -143,6 +187,7 @@ FLAGS: tuple[Flag, ...] = (
         "USD after which a prompt makes no further model call: `partial`, stop_reason `cost`",
         _optional(check.usd),
         kind=float,
+        group="limits",
     ),
     Flag(
         "prompt_timeout",
@@ -150,6 +195,7 @@ FLAGS: tuple[Flag, ...] = (
         "seconds a prompt may run, tools included; its model call or command is cut then: `partial`, stop_reason `time`",
         _optional(check.seconds),
         kind=float,
+        group="limits",
     ),
     Flag(
         "price_input",
@@ -157,6 +203,7 @@ FLAGS: tuple[Flag, ...] = (
         "USD per million prompt tokens, for the cost of calls whose endpoint reports none",
         _optional(check.price),
         kind=float,
+        group="budget",
     ),
     Flag(
         "price_output",
@@ -164,6 +211,7 @@ FLAGS: tuple[Flag, ...] = (
         "USD per million completion tokens, for the cost of calls whose endpoint reports none",
         _optional(check.price),
         kind=float,
+        group="budget",
     ),
     Flag(
         "budget_usd",
@@ -171,6 +219,7 @@ FLAGS: tuple[Flag, ...] = (
         'spend of the whole run, earlier sessions included, past which no new prompt starts (see "Limits, cost and budget")',
         _optional(check.usd),
         kind=float,
+        group="budget",
     ),
     Flag(
         "budget_tokens",
@@ -178,6 +227,7 @@ FLAGS: tuple[Flag, ...] = (
         "tokens of the whole run, earlier sessions included, past which no new prompt starts",
         _optional(_int(1, 10**15)),
         kind=int,
+        group="budget",
     ),
     Flag(
         "num_workers",
@@ -185,6 +235,7 @@ FLAGS: tuple[Flag, ...] = (
         "parallel sessions: a worker runs one prompt at a time, as a thread; the threads share at most one "
         "process per core (see Scale)",
         _int(1, MAX_SAMPLES_IN_FLIGHT),
+        group="scale",
     ),
     Flag(
         "concurrency",
@@ -194,6 +245,7 @@ FLAGS: tuple[Flag, ...] = (
         _optional(_int(1, MAX_SAMPLES_IN_FLIGHT)),
         shown_default="num_workers",
         kind=int,
+        group="scale",
     ),
     Flag(
         "sandbox_starts",
@@ -202,16 +254,22 @@ FLAGS: tuple[Flag, ...] = (
         _optional(_int(1, MAX_SAMPLES_IN_FLIGHT)),
         shown_default="2 × cores",
         kind=int,
+        group="scale",
     ),
     Flag(
-        "resume", False, "continue the run: done and discarded prompts are skipped, failed ones re-run", check.boolean
+        "resume",
+        False,
+        "continue the run: done and discarded prompts are skipped, failed ones re-run",
+        check.boolean,
+        group="run",
     ),
-    Flag("verbose", False, "log every prompt; tracebacks on fatal errors", check.boolean),
+    Flag("verbose", False, "log every prompt; tracebacks on fatal errors", check.boolean, group="run"),
     Flag(
         "progress_seconds",
         10.0,
         "seconds between progress lines when stderr is not a terminal (a terminal gets a live line)",
         check.seconds,
+        group="run",
     ),
     Flag(
         "max_samples",
@@ -220,78 +278,149 @@ FLAGS: tuple[Flag, ...] = (
         _optional(_int(1, 10**12)),
         shown_default="all",
         kind=int,
+        group="run",
     ),
-    Flag("providers_allowed", None, "OpenRouter `provider.only`, comma-separated", check.name_list, kind=str),
-    Flag("providers_ignored", None, "OpenRouter `provider.ignore`, comma-separated", check.name_list, kind=str),
-    Flag("providers_order", None, "OpenRouter `provider.order`, comma-separated", check.name_list, kind=str),
-    _t("provider_sort", None, "OpenRouter `provider.sort`: price, throughput or latency", check.provider_sort),
+    Flag(
+        "providers_allowed",
+        None,
+        "OpenRouter `provider.only`, comma-separated",
+        check.name_list,
+        kind=str,
+        group="model",
+    ),
+    Flag(
+        "providers_ignored",
+        None,
+        "OpenRouter `provider.ignore`, comma-separated",
+        check.name_list,
+        kind=str,
+        group="model",
+    ),
+    Flag(
+        "providers_order",
+        None,
+        "OpenRouter `provider.order`, comma-separated",
+        check.name_list,
+        kind=str,
+        group="model",
+    ),
+    _t(
+        "provider_sort",
+        None,
+        "OpenRouter `provider.sort`: price, throughput or latency",
+        check.provider_sort,
+        group="model",
+    ),
     _t(
         "reasoning_effort",
         None,
         "none, minimal, low, medium, high, xhigh, max or ultra: sends `reasoning: {enabled: true, effort}`",
         check.reasoning_effort,
+        group="model",
     ),
     Flag(
-        "reasoning_disabled", False, 'ask the model not to reason: sends `reasoning: {effort: "none"}`', check.boolean
+        "reasoning_disabled",
+        False,
+        'ask the model not to reason: sends `reasoning: {effort: "none"}`',
+        check.boolean,
+        group="model",
     ),
-    _t("ephemeral_system_prompt", None, "system prompt sent with every call, never saved"),
-    Flag("log_prefix_chars", 100, "length of prompt previews in --verbose logs", _int(0, 1_000_000)),
+    _t("ephemeral_system_prompt", None, "system prompt sent with every call, never saved", group="model"),
+    Flag("log_prefix_chars", 100, "length of prompt previews in --verbose logs", _int(0, 1_000_000), group="run"),
     _t(
         "prefill_messages_file",
         None,
         "JSON array of {role, content} sent before every prompt, never saved",
         check.prefill_messages,
+        group="model",
+        field="prefill_messages",
     ),
-    Flag("list_distributions", False, "print every distribution and exit", check.boolean),
+    Flag("list_distributions", False, "print every distribution and exit", check.boolean, group="run"),
     Flag(
         "require_reasoning",
         True,
         "discard samples without any reasoning; false for models that never reason",
         check.boolean,
+        group="quality",
     ),
     Flag(
         "samples_per_prompt",
         1,
         "rollouts of each prompt, each in its own sandbox (`sample_index` 0..N-1); pass@k for k up to N",
         _int(1, 100_000),
+        group="run",
     ),
     Flag(
         "require_pass",
         False,
         'discard samples whose check did not pass (rows need `verify` or `answer`, see "Verified outcomes")',
         check.boolean,
+        group="quality",
     ),
-    Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.seconds),
+    Flag("check_timeout", 300.0, "seconds a row's `setup` or `verify` command may run", check.seconds, group="limits"),
     Flag(
         "timeout_multiplier",
         1.0,
         "scales each Harbor task's own agent, verifier and build timeouts (slow machines)",
         check.number(0, 100, "a factor", above=True),
+        group="limits",
     ),
-    Flag("logprobs", False, "ask for token log probabilities and store them with each assistant turn", check.boolean),
-    Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int),
+    Flag(
+        "logprobs",
+        False,
+        "ask for token log probabilities and store them with each assistant turn",
+        check.boolean,
+        group="model",
+    ),
+    Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int, group="run"),
     _t(
         "sandbox",
         None,
         "bwrap, local or docker (see Sandboxes); rows with an image always use docker",
         check.sandbox_kind,
         shown="`TERMINAL_ENV`, else bwrap if it works here, else local",
+        group="sandbox",
     ),
-    _t("sandbox_network", "on", "`none`: bwrap and docker sandboxes get no network (local cannot)", check.network),
-    _t("sandbox_memory", "1g", "bwrap: data size (heap, private mappings) of each process", check.size("16m")),
-    Flag("sandbox_processes", 256, "bwrap: processes of one command at once", _int(1, MAX_PIDS)),
-    _t("sandbox_file_size", "1g", "bwrap: largest file a command may write", check.size("1m")),
-    Flag("sandbox_cpu_seconds", 600, "bwrap: CPU seconds of each process", _int(1, int(check.MAX_SECONDS))),
-    _t("docker_image", "python:3.11-slim", "default image of the docker sandbox"),
-    _t("docker_memory", "1g", "container memory limit (no swap beyond it)", check.docker_memory),
-    Flag("docker_cpus", 1.0, "container CPU limit", check.number(0.01, 1024, "a number of CPUs")),
-    Flag("docker_pids", 256, "container process limit", _int(1, MAX_PIDS)),
-    _t("ray_address", None, "run on a Ray cluster: `local`, `auto` or `ray://host:port`", check.ray_address),
+    _t(
+        "sandbox_network",
+        "on",
+        "`none`: bwrap and docker sandboxes get no network (local cannot)",
+        check.network,
+        group="sandbox",
+    ),
+    _t(
+        "sandbox_memory",
+        "1g",
+        "bwrap: data size (heap, private mappings) of each process",
+        check.size("16m"),
+        group="sandbox",
+    ),
+    Flag("sandbox_processes", 256, "bwrap: processes of one command at once", _int(1, MAX_PIDS), group="sandbox"),
+    _t("sandbox_file_size", "1g", "bwrap: largest file a command may write", check.size("1m"), group="sandbox"),
+    Flag(
+        "sandbox_cpu_seconds",
+        600,
+        "bwrap: CPU seconds of each process",
+        _int(1, int(check.MAX_SECONDS)),
+        group="sandbox",
+    ),
+    _t("docker_image", "python:3.11-slim", "default image of the docker sandbox", group="sandbox"),
+    _t("docker_memory", "1g", "container memory limit (no swap beyond it)", check.docker_memory, group="sandbox"),
+    Flag("docker_cpus", 1.0, "container CPU limit", check.number(0.01, 1024, "a number of CPUs"), group="sandbox"),
+    Flag("docker_pids", 256, "container process limit", _int(1, MAX_PIDS), group="sandbox"),
+    _t(
+        "ray_address",
+        None,
+        "run on a Ray cluster: `local`, `auto` or `ray://host:port`",
+        check.ray_address,
+        group="scale",
+    ),
     Flag(
         "request_timeout",
         600.0,
         "seconds a model call may take, connecting to its last byte, before it is retried",
         check.seconds,
+        group="model",
     ),
     Flag(
         "max_retries",
@@ -299,11 +428,18 @@ FLAGS: tuple[Flag, ...] = (
         "retries of a model call (429 honouring Retry-After, 408, 409, 5xx, timeouts, dropped connections, "
         "malformed replies; other 4xx fail at once) before the prompt fails",
         _int(0, 100),
+        group="model",
     ),
-    Flag("command_timeout", 60.0, "seconds a terminal command may run", check.seconds),
-    Flag("allow_private_urls", False, "let web and browser tools reach private and loopback addresses", check.boolean),
-    _t("vision_model", None, "model of vision_analyze and browser_vision", shown="--model"),
-    _t("image_model", None, "model of image_generate, which is offered only with one (or IMAGE_MODEL)"),
+    Flag("command_timeout", 60.0, "seconds a terminal command may run", check.seconds, group="tools"),
+    Flag(
+        "allow_private_urls",
+        False,
+        "let web and browser tools reach private and loopback addresses",
+        check.boolean,
+        group="tools",
+    ),
+    _t("vision_model", None, "model of vision_analyze and browser_vision", shown="--model", group="tools"),
+    _t("image_model", None, "model of image_generate, which is offered only with one (or IMAGE_MODEL)", group="tools"),
     _t(
         "image_base_url",
         None,
@@ -311,6 +447,7 @@ FLAGS: tuple[Flag, ...] = (
         "elsewhere IMAGE_API_KEY does (set it to the run's key to send that key)",
         check.optional_url,
         shown="--base_url",
+        group="tools",
     ),
     Flag(
         "moa_models",
@@ -318,10 +455,11 @@ FLAGS: tuple[Flag, ...] = (
         "reference models of mixture_of_agents (comma-separated), which is offered only with some",
         check.name_list,
         kind=str,
+        group="tools",
     ),
-    _t("moa_aggregator", None, "aggregator model of mixture_of_agents", shown="--model"),
-    _t("local_model_path", None, "GGUF file for --model=local", shown="SmolLM2-135M"),
-    _t("output_dir", "data", "parent of the run directory"),
+    _t("moa_aggregator", None, "aggregator model of mixture_of_agents", shown="--model", group="tools"),
+    _t("local_model_path", None, "GGUF file for --model=local", shown="SmolLM2-135M", group="model"),
+    _t("output_dir", "data", "parent of the run directory", group="run"),
     Flag(
         "export",
         None,
@@ -330,24 +468,51 @@ FLAGS: tuple[Flag, ...] = (
         "--dataset_file at the end of every session",
         lambda n, v: check_formats(n, check.name_list(n, v)),
         kind=str,
+        group="output",
     ),
-    Flag("export_completed_only", False, "export only trajectories the model ended by answering", check.boolean),
+    Flag(
+        "export_completed_only",
+        False,
+        "export only trajectories the model ended by answering",
+        check.boolean,
+        group="output",
+    ),
     Flag(
         "export_no_partial",
         False,
         "leave partial trajectories (cut off, context full) out of the export",
         check.boolean,
+        group="output",
     ),
-    Flag("export_no_tool_errors", False, "leave trajectories with a failed tool call out of the export", check.boolean),
-    Flag("export_min_turns", 0, "leave trajectories with fewer assistant turns out of the export", _int(0, 1_000_000)),
+    Flag(
+        "export_no_tool_errors",
+        False,
+        "leave trajectories with a failed tool call out of the export",
+        check.boolean,
+        group="output",
+    ),
+    Flag(
+        "export_min_turns",
+        0,
+        "leave trajectories with fewer assistant turns out of the export",
+        _int(0, 1_000_000),
+        group="output",
+    ),
     Flag(
         "export_toolsets",
         None,
         "export only trajectories that were offered all these toolsets (comma-separated)",
         check.name_list,
         kind=str,
+        group="output",
     ),
-    Flag("export_passed_only", False, "export only trajectories whose check passed (`passed: true`)", check.boolean),
+    Flag(
+        "export_passed_only",
+        False,
+        "export only trajectories whose check passed (`passed: true`)",
+        check.boolean,
+        group="output",
+    ),
     Flag(
         "plugins",
         None,
@@ -355,6 +520,7 @@ FLAGS: tuple[Flag, ...] = (
         "the run uses, besides installed plug-ins (see docs/plugins.md)",
         check.name_list,
         kind=str,
+        group="run",
     ),
     Flag(
         "report",
@@ -362,6 +528,7 @@ FLAGS: tuple[Flag, ...] = (
         "write the run's HTML report to <output_dir>/<run_name>/report.html (docs/report.md); with --run_name alone "
         "it writes it and exits, with --dataset_file at the end of every session",
         check.boolean,
+        group="output",
     ),
     Flag(
         "compare",
@@ -370,6 +537,7 @@ FLAGS: tuple[Flag, ...] = (
         "--output_dir or run directories (comma-separated); written when --report would be",
         check.name_list,
         text=True,
+        group="output",
     ),
 )
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
@@ -391,7 +559,7 @@ def docstring(summary: str) -> str:
     return f"{summary}\n\nArgs:\n{args}\n"
 
 
-def parse(raw: dict[str, Any], implied: dict[str, Any] | None = None) -> dict[str, Any]:
+def parse(raw: Mapping[str, Any], implied: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every flag's checked value, in table order; the first bad one raises FatalError.
 
     `implied`: values another choice implies (a model's registration, model.registry.implied_flags), each in
@@ -405,6 +573,25 @@ def parse(raw: dict[str, Any], implied: dict[str, Any] | None = None) -> dict[st
         raise FatalError(f"--{wrong[0]} is implied (by the model's registration) but is no flag")
     defaults = {f.name: f.default for f in FLAGS} | (implied or {})
     return {f.name: f.check(f.name, raw.get(f.name, defaults[f.name])) for f in FLAGS}
+
+
+def verbose(raw: Mapping[str, Any]) -> bool:
+    """--verbose as given, for the log level and a fatal error's traceback before the flags are checked (a bad value
+    counts as false here: the check names it)."""
+    try:
+        return check.boolean("verbose", raw.get("verbose", False))
+    except FatalError:
+        return False
+
+
+def lists_distributions(raw: Mapping[str, Any]) -> bool:
+    """Whether --list_distributions is asked for (checked: FatalError naming a bad value)."""
+    return check.boolean("list_distributions", raw.get("list_distributions", False))
+
+
+def names_own_toolsets(raw: Mapping[str, Any]) -> bool:
+    """Whether the flags name toolsets of the run's own (files or modules), which --list_distributions checks."""
+    return any(raw.get(name) is not None for name in ("distributions_file", "tools", "mcp_config", "plugins"))
 
 
 def quote_text_flags(argv: list[str]) -> list[str]:
@@ -429,9 +616,6 @@ def quote_text_flags(argv: list[str]) -> list[str]:
     return out
 
 
-REFERENCE_PAGE = "docs/flags.md"
-
-
 def reference_page() -> str:
     """docs/flags.md: every flag, one row each (`python -m agentbatch.flags > docs/flags.md` writes it)."""
     rows = ["| flag | default | notes |", "|---|---|---|"]
@@ -451,7 +635,9 @@ def reference_page() -> str:
         "from 1 to 65535, in printable ASCII and without credentials (the key goes in `--api_key`, which must be\n"
         "printable ASCII without spaces); files named by flags are regular files (the prefill file,\n"
         "`--mcp_config` and `--distributions_file` at most 16 MiB; a device or FIFO as the dataset or local model\n"
-        "is refused).\n"
+        "is refused). What is written after the run is checked before its first model call too: the runs\n"
+        "`--compare` names exist, `--export_toolsets` names toolsets of the run. An error quotes a value in a\n"
+        "short excerpt, however long it is.\n"
     )
 
 

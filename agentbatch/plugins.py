@@ -6,24 +6,30 @@ a third party's plug-ins are, in this order:
 
 1. BUILTINS, the package's own modules;
 2. every module named by an installed package's entry points in one of GROUPS, as simonw/llm finds its
-   plug-ins (`[project.entry-points."batch_runner.tools"] my_tools = "my_package.tools"`);
+   plug-ins (`[project.entry-points."batch_runner.tools"] my_tools = "my_package.tools"`; found with
+   importlib.metadata, agentbatch/entry_points.py);
 3. the modules or `.py` files a run names (`--plugins`), in the order given.
 
-A worker (forked, spawned, or a Ray actor) calls `load` with the run's list at its start, so a plug-in
-file's tools exist in every worker. Loading twice imports nothing twice.
+Each kind's decorator adds to its one Registry (agentbatch/registry.py); the registries are read once `load`
+has run (the runner's start, each worker's start), and never load anything themselves. A worker (forked,
+spawned, or a Ray actor) calls `load` with the run's list at its start, so a plug-in file's tools exist in
+every worker. Loading twice imports nothing twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import threading
 import traceback
 from collections.abc import Iterable
 from types import ModuleType
 
+from agentbatch import entry_points, registry
 from agentbatch.errors import FatalError
 
 GROUPS = ("batch_runner.tools", "batch_runner.sandboxes", "batch_runner.datasets", "batch_runner.models")
@@ -63,9 +69,10 @@ def load(named: Iterable[str] = ()) -> list[ModuleType]:
     with _lock:
         if not _installed:
             _installed = True  # first: a plug-in that asks for the tools while it is imported must not recurse
+            registry.loading()
             for name in BUILTINS:
                 importlib.import_module(name)
-            for group, name, value in entry_points():
+            for group, name, value in entry_points.find(GROUPS):
                 _import(f"plug-in {value!r} (entry point {name!r} of {group})", lambda v=value: _load_value(v))
         return [_load_named(spec) for spec in named]
 
@@ -126,62 +133,55 @@ def _from_file(path: str) -> ModuleType:
 
 
 def _import(what: str, do):
-    try:
-        return do()
-    except FatalError:
-        raise
-    except Exception as e:  # the plug-in's own error: one line naming it, the traceback with --verbose
-        where = ""
-        frames = traceback.extract_tb(e.__traceback__)
-        if frames:
-            where = f" ({os.path.basename(frames[-1].filename)}, line {frames[-1].lineno})"
-        text = " ".join(str(e).split())[:300]
-        raise FatalError(f"{what} does not import: {type(e).__name__}: {text}{where}") from e
-
-
-def entry_points() -> list[tuple[str, str, str]]:
-    """(group, name, value) of every installed package's entry point in GROUPS, by group, then name.
-
-    Read from the installed distributions' `entry_points.txt` directly: importlib.metadata's scan of every
-    distribution took ~90 ms of each run's start (the whole budget of the runner's fixed overhead is 300 ms),
-    this one ~10 ms. The first distribution of a name on sys.path wins, as for imports.
-    """
-    found: list[tuple[str, str, str]] = []
-    seen: set[str] = set()
-    for folder in sys.path:
+    """Run `do` (an import); whatever the plug-in raises (an exception, sys.exit, a KeyboardInterrupt of its own, a
+    SyntaxError) is a FatalError naming it and where; a real Ctrl-C meanwhile stays one."""
+    with _ctrl_c_noted() as ctrl_c:
         try:
-            entries = sorted(os.scandir(folder or "."), key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            if not entry.name.endswith((".dist-info", ".egg-info")):
-                continue
-            dist = entry.name.rsplit(".", 1)[0].split("-")[0].lower().replace("_", "-")
-            if dist in seen:
-                continue
-            seen.add(dist)
-            try:
-                with open(os.path.join(entry.path, "entry_points.txt"), encoding="utf-8") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            if "batch_runner." in text:
-                found.extend(_parse_entry_points(text))
-    return sorted(found)
+            return do()
+        except FatalError:
+            raise
+        except KeyboardInterrupt as e:
+            if ctrl_c:
+                raise
+            raise FatalError(_does_not_import(what, e)) from e
+        except BaseException as e:  # the plug-in's own error: one line naming it, the traceback with --verbose
+            raise FatalError(_does_not_import(what, e)) from e
 
 
-def _parse_entry_points(text: str) -> list[tuple[str, str, str]]:
-    out, group = [], None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            group = line[1:-1].strip()
-        elif group in GROUPS and "=" in line:
-            name, _, value = line.partition("=")
-            out.append((group, name.strip(), value.split("[")[0].strip()))
-    return out
+def _does_not_import(what: str, e: BaseException) -> str:
+    if isinstance(e, SyntaxError):  # where the syntax is wrong, not the importer's frame that compiled it
+        text, file, line = e.msg, e.filename, e.lineno
+    else:
+        text, file, line = str(e), None, None
+        # The deepest frame of a file (importlib's own frozen frames name no file of the plug-in's).
+        for frame in reversed(traceback.extract_tb(e.__traceback__)):
+            if not frame.filename.startswith("<frozen "):
+                file, line = frame.filename, frame.lineno
+                break
+    where = f" ({os.path.basename(file)}, line {line})" if file and line else ""
+    text = " ".join(text.split())[:300]
+    return f"{what} does not import: {type(e).__name__}{': ' + text if text else ''}{where}"
+
+
+@contextlib.contextmanager
+def _ctrl_c_noted():
+    """A list that is not empty once a real Ctrl-C (SIGINT) arrived: told apart from a plug-in raising
+    KeyboardInterrupt itself. Signals come to the main thread only, so only there can a KeyboardInterrupt be one."""
+    noted: list[bool] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield noted
+        return
+
+    def note(signum, frame):
+        noted.append(True)
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _load_value(value: str):

@@ -6,17 +6,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agentbatch.budget import Spend
 from agentbatch.model.usage import COST_DIGITS, cost_of
 from agentbatch.outcome_stats import OutcomeStats, format_outcomes
 from agentbatch.run_dir import answers
 from agentbatch.run_dir.lines import ReadCounts
-from agentbatch.run_dir.paths import RunPaths
+from agentbatch.run_dir.spend import Spend
 from agentbatch.tools.registry import ALL_TOOL_NAMES
 from trajectory import STOP_REASONS, reasoning_counts
 
 if TYPE_CHECKING:
     from agentbatch.dataset import Entry
+    from agentbatch.run_dir.reader import RunReader
 
 _TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -101,7 +101,8 @@ class RunStats:
         """Count the line under its model and under each toolset it was offered (so toolsets overlap)."""
         key = model if isinstance(model, str) else "unknown"
         self.by_model.setdefault(key, Group()).add(line, kind)
-        for toolset in line.get("toolsets_used") or ():
+        toolsets = line.get("toolsets_used")  # a failed attempt's line is any object (record_shape): a list or none
+        for toolset in toolsets if type(toolsets) is list else ():
             if isinstance(toolset, str):
                 self.by_toolset.setdefault(toolset, Group()).add(line, kind)
 
@@ -221,19 +222,20 @@ class Tally:
         self.outcomes.add(record)
         answers.count(record, self.kept)
 
-    def document(self, paths: RunPaths, entries: list[Entry], samples: int, merged: ReadCounts, run: dict) -> dict:
-        """The statistics.json document, once every trajectory went through add_trajectory (the merge's).
+    def document(self, reader: RunReader, entries: list[Entry], samples: int, merged: ReadCounts, run: dict) -> dict:
+        """The statistics.json document, once every trajectory went through add_trajectory (the merge's), the
+        discards and failed attempts read here (run_dir's reader: the lines that count).
 
         `run` is what it says of the run itself: run_name, model, distribution, duration_seconds, updated_at.
         """
         stats, discarded, failed = self.stats, Counter(), Counter()
-        for line in answers.discarded_records(paths):
-            stats.add_discarded(line)
-            self.outcomes.add(line)
-            answers.count(line, discarded)
-        for line in answers.failed_records(paths):
-            stats.add_failed_attempt(line)
-            answers.count(line, failed)
+        for line in reader.discards():
+            stats.add_discarded(line.record)
+            self.outcomes.add(line.record)
+            answers.count(line.record, discarded)
+        for line in reader.failures():
+            stats.add_failed_attempt(line.record)
+            answers.count(line.record, failed)
         prompts = answers.last_words(entries, samples, self.kept, discarded, failed)
         stats.count_failed_prompts(prompts["failed"])
         doc = stats.to_dict(
@@ -241,17 +243,22 @@ class Tally:
             model=run["model"],
             distribution=run["distribution"],
             prompts=prompts,
-            merge={
-                "kept": merged.trajectories,
-                "filtered_unknown_tool": merged.unknown_tool,
-                "filtered_not_json": merged.not_json,
-                "filtered_malformed": merged.malformed,
-            },
+            merge=merge_counts(merged),
             duration_seconds=run["duration_seconds"],
             updated_at=run["updated_at"],
         )
         doc["outcomes"] = self.outcomes.to_dict(samples)
         return doc
+
+
+def merge_counts(counts: ReadCounts) -> dict[str, int]:
+    """statistics.json's `merge`: the batch files' lines the merge kept, and those it left out by why."""
+    return {
+        "kept": counts.trajectories,
+        "filtered_unknown_tool": counts.unknown_tool,
+        "filtered_not_json": counts.not_json,
+        "filtered_malformed": counts.malformed,
+    }
 
 
 def _add_tokens(into: dict[str, int], usage: object) -> None:

@@ -103,11 +103,15 @@ def hide_from_proc(secrets: Iterable[str]) -> int:
 
 
 class Redactor:
-    """Replaces every secret, and any long prefix or suffix of one, with [REDACTED]."""
+    """Replaces every secret, and any long prefix or suffix of one, with [REDACTED]: the one redaction of every
+    output (a line written, a log line, a tool result, a line read back for an export or the report)."""
 
     def __init__(self, secrets: Iterable[str] = ()):
         unique = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET}
         self.secrets = tuple(sorted(unique, key=len, reverse=True))
+        # Every text this redacts holds a secret's first or last MIN_PART characters: a line holding none of
+        # these bytes is left as it is without being decoded (most lines).
+        self._marks = tuple({_utf8(p) for s in self.secrets for p in (s[:MIN_PART], s[-MIN_PART:])})
 
     def __call__(self, text: str) -> str:
         for secret in self.secrets:
@@ -116,6 +120,27 @@ class Redactor:
             if len(secret) > MIN_PART:
                 text = _cut_parts(text, secret)
         return text
+
+    def __bool__(self) -> bool:
+        return bool(self.secrets)
+
+    def line(self, raw: bytes) -> bytes:
+        """A line of a file (UTF-8 bytes) redacted as its text is; the same object when there is nothing to redact.
+
+        Bytes that are not UTF-8 pass through as they are (a line that did not parse still does not)."""
+        if not any(m in raw for m in self._marks):
+            return raw
+        text = raw.decode("utf-8", "surrogateescape")
+        clean = self(text)
+        return raw if clean == text else clean.encode("utf-8", "surrogateescape")
+
+
+def _utf8(text: str) -> bytes:
+    """A secret's bytes as a file holds them (an environment value's undecodable bytes are surrogate escapes)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
 
 
 def _cut_parts(text: str, secret: str) -> str:

@@ -18,13 +18,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from agentbatch.budget import Budget, BudgetSettings, spent_in
+from agentbatch.budget import Budget, BudgetSettings
 from agentbatch.dataset import Entry
 from agentbatch.errors import FatalError
 from agentbatch.executors.base import Executor
 from agentbatch.progress import Progress
 from agentbatch.run_dir import answers
-from agentbatch.run_dir.files import RunFiles, recorded_tools
+from agentbatch.run_dir.files import RunFiles
 from agentbatch.run_dir.lock import session_lock
 from agentbatch.run_dir.merge import merge
 from agentbatch.run_dir.paths import FAILED, STATISTICS, TOOLS
@@ -50,9 +50,9 @@ def new_session_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SessionSettings:
-    """Everything a session needs besides its executor, built once from the flags (launch.py)."""
+    """Everything a session needs besides its executor, built once from the settings (launch.session_settings)."""
 
     cfg: RunConfig
     run_dir: str
@@ -155,23 +155,26 @@ class Session:
             )
         try:
             self.recorder.start()
-        except OSError as e:
-            raise FatalError(f"cannot write to {paths.dir}: {e.strerror}") from None
+        except OSError as e:  # e.g. a directory named failed.jsonl: named, as the file it is
+            raise FatalError(f"cannot write to {e.filename or paths.dir}: {e.strerror}") from None
         self._kinds = s.cfg.sandbox.kinds(images=any(e.image for e in s.entries))
         self._reap(self._kinds)
         self._warn_unavailable_tools()
         self._use_tools()
+        reader = self.files.reader()
+        for note in reader.notes():
+            print(f"warning: {note}", file=sys.stderr)
         # Matched by content (README, "Resume"): each row's identity, or the prompt text of older lines.
-        done = answers.done_counts(paths, self.files.known_tools) if s.resume else Counter()
+        done = answers.done_counts(reader) if s.resume else Counter()
         remaining = answers.remaining(s.entries, s.samples_per_prompt, done)
-        self._first_batch = max(paths.batch_numbers(), default=-1) + 1
+        self._first_batch = paths.next_batch()
         if s.sandbox_note:
             print(s.sandbox_note, file=sys.stderr)
         samples, total = s.samples_per_prompt, len(s.entries) * s.samples_per_prompt
         what = f"{len(s.entries)} prompts × {samples} samples" if samples > 1 else f"{total} prompts"
         print(f"{what}, {total - len(remaining)} already done, {len(remaining)} to run -> {paths.dir}", file=sys.stderr)
         if s.budget.active:
-            self.budget = Budget(s.budget, spent_in(paths))
+            self.budget = Budget(s.budget, reader.spend())
             if remaining and not self.budget.may_start(0):  # already spent: no workers to start
                 self.budget.stopped, remaining = True, []
         return remaining
@@ -252,7 +255,7 @@ class Session:
             "duration_seconds": round(self.recorder.duration(), 3),
             "updated_at": now_iso(),
         }
-        doc = self.tally.document(self.files.paths, s.entries, s.samples_per_prompt, merged, run)
+        doc = self.tally.document(self.files.reader(), s.entries, s.samples_per_prompt, merged, run)
         self.files.write_json(STATISTICS, doc)
         return doc
 
@@ -329,7 +332,7 @@ class Session:
         tools says what changed and goes on with both: its lines then have entries for the tools of both."""
         paths, run = self.files.paths, self.cfg.tool_set
         # A run from before tools.json was kept had the built-in tools.
-        recorded = recorded_tools(paths) or (ToolSet() if paths.holds_run() else None)
+        recorded = self.files.reader().recorded_tools() or (ToolSet() if paths.holds_run() else None)
         changes = run.changes(recorded) if recorded is not None else []
         if changes:
             run = run.union(recorded)
@@ -343,7 +346,7 @@ class Session:
             self.files.write_json(TOOLS, run.record())
         except OSError as e:
             raise FatalError(f"cannot write to {paths.dir}: {e.strerror}") from None
-        self.files.use_tools(run.names)
+        self.files.use_tools(run)
         self.tally = Tally(run.names)
         self.recorder.on_trajectory = self.tally.add_trajectory
 

@@ -17,9 +17,9 @@ from agentbatch.tool_set import ToolSet
 from agentbatch.tools.settings import ToolSettings
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
-    """Everything a worker needs to run prompts; built once by the parent from the flags."""
+    """Everything a worker needs to run samples; built once by the parent from the settings (runtime.run_config)."""
 
     run_name: str
     model: ModelSettings

@@ -115,16 +115,16 @@ def bench_probe_cost(results: dict, n: int = 2000, conc: int = 256) -> None:
 
 def fixed_concurrency_cli(paced: bool = False) -> None:
     """The real CLI with pacing off in every worker (the setting travels to them inside the run config)."""
-    from agentbatch import launch
+    from agentbatch import runtime
     from agentbatch.model.client import ModelSettings
     from batch_runner import cli
 
-    @dataclasses.dataclass
+    @dataclasses.dataclass(frozen=True)
     class Unpaced(ModelSettings):
         pacing: bool = False
 
     if not paced:
-        launch.ModelSettings = Unpaced
+        runtime.ModelSettings = Unpaced
     cli()
 
 

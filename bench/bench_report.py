@@ -86,8 +86,11 @@ def synthesize_report_corpus(n: int = 100_000, per_batch: int = 1000) -> Path:
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
+    from agentbatch import plugins
     from agentbatch.tools.registry import load_tools
     from trajectory import build_record
+
+    plugins.load()  # the built-in tools registered, as at a run's start
 
     schemas = [t.schema() for t in load_tools().values()][:5]
     rng = random.Random(14)

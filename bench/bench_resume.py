@@ -19,8 +19,11 @@ def synthesize_corpus(n: int = 100_000, per_batch: int = 1000) -> Path:
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
+    from agentbatch import plugins
     from agentbatch.tools.registry import load_tools
     from trajectory import build_record
+
+    plugins.load()  # the built-in tools registered, as at a run's start
 
     tools = load_tools()
     schemas = [t.schema() for t in tools.values()]
@@ -103,7 +106,10 @@ from agentbatch.run_dir.merge import merge
 from agentbatch.run_statistics import Tally
 files = RunFiles(sys.argv[2])
 t0, c0 = time.monotonic(), time.process_time()
-counts = done_counts(files.paths, files.known_tools)
+try:
+    counts = done_counts(files.reader())
+except AttributeError:  # the code before run_dir's reader (to measure both)
+    counts = done_counts(files.paths, files.known_tools)
 t1, c1 = time.monotonic(), time.process_time()
 tally = Tally()  # as the session does: every kept line goes to the statistics and the outcomes, and is counted
 merged = merge(files, tally.add_trajectory)

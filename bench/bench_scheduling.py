@@ -94,7 +94,7 @@ class BatchLevelExecutor:
     def close(self) -> None:
         pass
 
-    def run(self, tasks, stop):
+    def run(self, tasks, stop, admit=None):
         import multiprocessing as mp
         from itertools import groupby
 
@@ -123,11 +123,11 @@ class BatchLevelExecutor:
 
 def batch_level_cli() -> None:
     """The real CLI with the batch-level executor in place of the prompt-level one."""
-    from agentbatch import launch
+    from agentbatch import runtime
     from batch_runner import cli
 
-    launch.executor = lambda cfg, num_workers, concurrency, ray_address: BatchLevelExecutor(
-        cfg, num_workers, -(-concurrency // num_workers), os.environ.get("BENCH_BATCH_MODE") == "barrier"
+    runtime.make_executor = lambda cfg, plan, ray_address: BatchLevelExecutor(
+        cfg, plan.processes, plan.threads, os.environ.get("BENCH_BATCH_MODE") == "barrier"
     )
     cli()
 

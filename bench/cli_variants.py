@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def layout(processes: int) -> None:
     """The CLI with `processes` worker processes, the sessions split evenly over them."""
-    from agentbatch import launch
+    from agentbatch import runtime
     from agentbatch.executors import capacity
     from batch_runner import cli
 
@@ -30,7 +30,7 @@ def layout(processes: int) -> None:
         capacity.reserve(plan)
         return plan
 
-    launch.layout = fixed
+    runtime.layout = fixed
     cli()
 
 
@@ -38,11 +38,11 @@ def phases(path: str) -> None:
     """The CLI, noting the time.monotonic() at which each phase of its run ended."""
     marks = {"main": MAIN}
     import batch_runner
-    from agentbatch import launch, session
+    from agentbatch import runtime, session
     from agentbatch.executors import processes
 
     marks["imported"] = time.monotonic()
-    make, outcomes, finish = launch.executor, processes.LocalExecutor._outcomes, session.Session._finish
+    make, outcomes, finish = runtime.make_executor, processes.LocalExecutor._outcomes, session.Session._finish
 
     def timed_make(*args, **kwargs):
         marks["executor"] = time.monotonic()
@@ -64,7 +64,7 @@ def phases(path: str) -> None:
         finally:
             marks["finished"] = time.monotonic()
 
-    launch.executor, processes.LocalExecutor._outcomes, session.Session._finish = (
+    runtime.make_executor, processes.LocalExecutor._outcomes, session.Session._finish = (
         timed_make,
         timed_outcomes,
         timed_finish,

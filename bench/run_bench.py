@@ -17,6 +17,7 @@
                                                 # a limit that moves (bench_pacing.py)
     python bench/run_bench.py --only 18       # what pacing costs (8), (9), (10b), (10) against no limit
     python bench/run_bench.py --only 19,19s   # tool-calling runs against their floor; each sandbox's cost per call
+    python bench/run_bench.py --only 20       # finding plug-ins' entry points: importlib.metadata, cached, the old scan
 
 The scripted server runs in its own process; every prompt's default replies call read_file twice, then
 answer. The runner is the real CLI in a subprocess; its memory is the summed RSS of its process tree
@@ -33,6 +34,7 @@ import sys
 import time
 
 import psutil
+from bench_entry_points import bench_entry_points
 from bench_export import bench_export
 from bench_mcp import bench_mcp
 from bench_pacing import bench_moving_limit, bench_pacing_cost, bench_retry_after_only
@@ -177,6 +179,8 @@ def main() -> int:
         bench_pacing_cost(results)
     if which & {"19", "19s"}:
         bench_tool_floor(results, sandboxes="19s" in which)
+    if "20" in which:
+        bench_entry_points(results)
     (OUT / f"results_{time.strftime('%Y%m%d_%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     return 0
 

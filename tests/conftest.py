@@ -5,6 +5,12 @@ import os
 import pytest
 from conftest_docker import docker_images, docker_run_name, leftover_containers  # noqa: F401
 
+from agentbatch import plugins
+
+# The built-in tools, backends, formats and models, and the installed plug-ins, registered as a run's start
+# registers them (the registries never load anything themselves): tests read them as the runner's code does.
+plugins.load()
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from cli_helpers import assert_clean_exit, read_jsonl, run_cli, write_dataset
 from scripted_server import ScriptedServer
 from test_seeded_run import PROMPTS, SCRIPT, _thinking
 from verify_helpers import answer, args_for, sh
+
+from trajectory import to_conversations
 
 LOGPROBS_IDS = {"logprobs": True, "token_ids": True}
 
@@ -75,3 +78,34 @@ def batch_records(run_dir: Path) -> list[dict]:
     """The lines an export reads, in its order (batch files in numeric order)."""
     numbers = sorted(int(p.stem.split("_")[1]) for p in run_dir.glob("batch_*.jsonl"))
     return [r for n in numbers for r in read_jsonl(run_dir / f"batch_{n}.jsonl")]
+
+
+def from_openai_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI chat messages → ShareGPT turns (the inverse of trajectory.to_openai_messages); a tool turn's name is
+    its call's."""
+    names: dict = {}
+    turns: list[dict] = []
+    for m in messages:
+        if m.get("role") == "system":
+            turns.append({"from": "system", "value": m.get("content") or ""})
+            continue
+        if m.get("role") == "assistant":
+            names = {c.get("id"): c["function"]["name"] for c in m.get("tool_calls") or []}
+            m = dict(m, reasoning=m.get("reasoning_content") or "")
+        elif m.get("role") == "tool":
+            m = dict(m, name=m.get("name") or names.get(m.get("tool_call_id")))
+        turns.extend(to_conversations([m]))
+    return turns
+
+
+def openai_line_to_trajectory(line: dict) -> dict:
+    """An openai export line → the trajectory fields it holds (`conversations` with their logprobs, `tools` as
+    our JSON string, the outcome): what shows the export loses nothing."""
+    messages = line.get("messages") or []
+    conversations = from_openai_messages([{k: v for k, v in m.items() if k != "logprobs"} for m in messages])
+    gpt = [t for t in conversations if t.get("from") == "gpt"]
+    for turn, message in zip(gpt, (m for m in messages if m.get("role") == "assistant"), strict=True):
+        if message.get("logprobs") is not None:
+            turn["logprobs"] = message["logprobs"]
+    fields = {k: line[k] for k in ("sample_index", "reward", "passed", "check", "task") if k in line}
+    return {"conversations": conversations, "tools": json.dumps(line.get("tools") or [], ensure_ascii=False), **fields}

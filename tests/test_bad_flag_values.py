@@ -32,6 +32,12 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     big = tmp / "big.json"
     with open(big, "wb") as f:
         f.truncate(MAX_FLAG_FILE_BYTES + 1)  # sparse: nothing written
+    aliases = tmp / "laughs.yaml"  # 280 bytes of nested YAML aliases: 9**7 values once expanded, or shown
+    aliases.write_text(f"x: {{web: {_laughs(6)}}}\n")
+    digits = tmp / "digits.yaml"
+    digits.write_text(f"x: {{web: {'1' * 5001}}}\n")
+    deep = tmp / "deep.json"
+    deep.write_text("[" * 100_000)
     cases = {
         # the red team's
         "base_url with an open IPv6 bracket": (["--base_url=http://[::1"], "--base_url"),
@@ -79,6 +85,22 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "local model from /dev/zero": (["--model=local", "--local_model_path=/dev/zero"], "not a regular file"),
         "api_key with a line break": (["--api_key=key\r\nX-Forged: 1"], "header"),
         "api_key with a non-ASCII letter": (["--api_key=k\u00e9y"], "header"),
+        # issue 33 (items 18-20): checked before the first model call, quoted in a short excerpt
+        "distributions_file of nested YAML aliases": ([f"--distributions_file={aliases}"], "YAML aliases"),
+        "distributions_file with a percent of 5001 digits": ([f"--distributions_file={digits}"], "too many digits"),
+        "distributions_file nested too deeply": ([f"--distributions_file={deep}"], "nested too deeply"),
+        "max_turns of 5001 digits": ([f"--max_turns={'1' * 5001}"], "--max_turns"),
+        "seed of 5001 digits": ([f"--seed={'9' * 5001}"], "--seed"),
+        "docker_pids of 5001 digits, read by Fire": (
+            ["--docker_pids=1", f"--docker_pids={'1' * 5001}"],
+            "--docker_pids",
+        ),
+        "compare names no run": (["--compare=nosuchrun"], "nosuchrun: it does not exist"),
+        "compare names no run, with the report": (
+            ["--report", "--compare=r,nosuchrun"],
+            "nosuchrun: it does not exist",
+        ),
+        "export_toolsets names no toolset": (["--export=openai", "--export_toolsets=file,nosuch"], "'nosuch'"),
     }
     # Numbers the tools read from the environment follow the same rules.
     for value in ("nan", "1e999"):
@@ -117,6 +139,13 @@ def _run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(args, None, e.stdout or "", f"still running after {TIMEOUT} s")
 
 
+def _laughs(levels: int) -> str:
+    """A YAML list of 9 values, each the one before it repeated 9 times through an alias, `levels` deep."""
+    if levels == 0:
+        return "&a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"
+    return f"&a{levels} [{_laughs(levels - 1)}, " + ", ".join([f"*a{levels - 1}"] * 8) + "]"
+
+
 def _names() -> list[str]:
     import tempfile
 
@@ -130,8 +159,9 @@ def test_a_value_that_cannot_work_is_one_line_and_exit_2_before_anything_starts(
     proc, phrase = done[case], cases[case][1]
     assert proc.returncode == 2, f"exit {proc.returncode}: {proc.stderr}"
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert phrase in lines[0], lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[:2000]
+    assert phrase in lines[0], lines[0][:2000]
+    assert len(lines[0]) < 400, f"an error quotes a short excerpt, not {len(lines[0])} characters"
     assert "Traceback" not in proc.stderr + proc.stdout
     assert SECRET not in proc.stderr + proc.stdout
     assert "X-Forged" not in proc.stderr + proc.stdout
@@ -160,3 +190,28 @@ def test_the_largest_values_allowed_still_run(tmp_path):
             srv,
         )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_report_that_cannot_be_written_after_the_run_keeps_the_runs_exit_code(tmp_path):
+    """What fails after the session (here report.html is a directory) is one line; the run's own exit code (3: a
+    prompt failed) stands, where a bare exit 2 said the run had not started."""
+    data = write_dataset(tmp_path / "d.jsonl", ["fine prompt", "broken prompt"])
+    (tmp_path / "data" / "r" / "report.html").mkdir(parents=True)
+    script = {"broken prompt": [{"fault": "400", "fault_times": -1}]}
+    with ScriptedServer(script=script) as srv:
+        args = [f"--dataset_file={data}", "--batch_size=1", "--run_name=r", "--model=m", "--require_reasoning=false"]
+        proc = run_cli([*args, "--report"], tmp_path, srv)
+    assert proc.returncode == 3, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "report.html" in errors[0] and "exit code 3" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_compared_run_that_is_not_there_stops_the_export_of_an_existing_run_before_it_is_written(tmp_path):
+    data = write_dataset(tmp_path / "d.jsonl", ["fine prompt"])
+    with ScriptedServer() as srv:
+        args = [f"--dataset_file={data}", "--batch_size=1", "--run_name=r", "--model=m", "--require_reasoning=false"]
+        assert run_cli(args, tmp_path, srv).returncode == 0
+    proc = run_cli(["--run_name=r", "--export=openai", "--compare=nosuchrun"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: no run in") and "nosuchrun" in proc.stderr
+    assert not (tmp_path / "data" / "r" / "export").exists()

@@ -81,6 +81,13 @@ def test_seeded_draws_of_a_built_in_distribution_are_what_they_were(tmp_path):
         ("d.json", '{"a": {"web": true}}', "web: True is not a percent"),
         ("d.json", '{"a": {"web": 0}}', "distribution 'a': every toolset is at 0%"),
         ("d.json", '{"a": {"toolsets": {"web": 5}, "description": 3}}', "description must be a string"),
+        ("d.yaml", "a: &web {web: 5}\nb: *web\n", "line 2: YAML aliases (*web) are not accepted"),
+        ("d.yaml", "b: &w {web: 5}\na:\n  <<: *w\n", "line 3: YAML aliases (*w)"),  # a merge key is an alias too
+        ("d.yaml", f"a: {{web: {'1' * 5001}}}\n", "not JSON or YAML: a number has too many digits"),
+        ("d.json", "[" * 100_000, "not JSON: nested too deeply"),
+        ("d.json", json.dumps({"a": {"web": "w" * 100_000}}), "web: 'wwwwwwwwwwwwwwwww...wwwwwwwwwwwwwwwwww' is not"),
+        ("d.json", json.dumps({"a": {"web": int("9" * 4000)}}), "web: a number of about 4000 digits is not"),
+        ("d.json", json.dumps({"a": {"t" * 100_000: 500}}), "t" * 57 + "...: 500 is not a percent"),
     ],
 )
 def test_a_bad_file_is_one_line_naming_it(tmp_path, name, text, says):
@@ -88,7 +95,7 @@ def test_a_bad_file_is_one_line_naming_it(tmp_path, name, text, says):
     with pytest.raises(DistributionError) as e:
         with_file(path)
     assert str(e.value).startswith(f"--distributions_file {path}") and says in str(e.value)
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400  # a short excerpt of the value at fault
 
 
 def test_a_missing_file_and_an_unknown_toolset(tmp_path):

@@ -9,7 +9,7 @@ import atif
 import pytest
 from cli_helpers import assert_clean_exit, read_jsonl, run_cli, write_dataset
 from datasets import load_dataset
-from export_helpers import NEW_BATCH, RUN, batch_records, copy_run, export_cli, make_run
+from export_helpers import NEW_BATCH, RUN, batch_records, copy_run, export_cli, make_run, openai_line_to_trajectory
 from scripted_server import ScriptedServer
 from test_seeded_run import _thinking
 
@@ -76,7 +76,7 @@ def test_openai_lines_round_trip_through_our_trajectory_identically(exported):
     records = batch_records(exported)
     assert len(lines) == len(records)
     for line, record in zip(lines, records, strict=True):
-        back = openai_chat.to_trajectory(line)
+        back = openai_line_to_trajectory(line)
         assert openai_chat.to_line(back) == line
         # Lossless: the conversation with its logprobs, and the outcome.
         assert back["conversations"] == record["conversations"]

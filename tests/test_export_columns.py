@@ -10,16 +10,21 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pyarrow.parquet as pq  # noqa: E402
 from export_pin_run import newer, older, regular  # noqa: E402
 
 from agentbatch.export import parquet_columns as columns  # noqa: E402
-from agentbatch.export.common import ExportContext, Filters, RunSource, parse_line  # noqa: E402
+from agentbatch.export import parquet_shards  # noqa: E402
+from agentbatch.export.common import ExportContext, Filters, RunSource, parse_line, parse_value  # noqa: E402
 from agentbatch.export.dataset_card import CardStats, card_body  # noqa: E402
 from agentbatch.export.parquet_lines import read_block, scan  # noqa: E402
 from agentbatch.export.parquet_rows import layout, line_extra, turn_extras  # noqa: E402
 
 RUN = layout()  # the built-in tools' schema
 from agentbatch.export.run_export import export  # noqa: E402
+from agentbatch.run_dir.files import RunFiles  # noqa: E402
+from agentbatch.run_dir.merge import merge  # noqa: E402
+from agentbatch.run_dir.record_shape import why_skipped  # noqa: E402
 from trajectory import unknown_tools  # noqa: E402
 
 FILTERS = [
@@ -45,7 +50,7 @@ def _varied() -> list[dict]:
     out = [(regular, newer)[i % 2](i) for i in range(120)]
     for i, r in enumerate(out[::7]):
         r.pop("usage" if i % 3 == 0 else "metadata" if i % 3 == 1 else "tool_error_counts", None)
-    out[5]["toolsets_used"] = None
+    del out[5]["toolsets_used"]  # absent (a null the rule refuses: record_shape)
     out[6]["conversations"][0]["tool_calls"] = [{"id": "x", "name": "no_such_tool", "arguments": "{}"}]
     out[8]["conversations"][0]["tool_calls"] = [{"id": "y", "arguments": "{}"}]  # a call without a name
     return out
@@ -164,7 +169,7 @@ def _reference(run_dir: Path, filters: Filters) -> tuple[dict, str]:
         else:
             stats.add(record)
     c = source.counts
-    counts = {"lines": c.lines, "bytes": c.bytes, "not_json": c.not_json, "unknown_tool": c.unknown_tool}
+    counts = {"lines": c.lines, "bytes": c.bytes, **c.skipped()}
     counts.update(trajectories=c.trajectories, filtered=list(c.filtered.items()), written=stats.rows)
     ctx = ExportContext(run_dir.name, run_dir, {}, {}, filters)
     return counts, card_body(ctx, stats, RUN.schema, 1)
@@ -203,3 +208,142 @@ def test_a_run_exports_the_counts_and_card_python_computes(tmp_path, records):
         counts, body = _reference(run_dir, filters)
         assert got == counts
         assert (run_dir / "export" / "parquet" / "README.md").read_text().endswith(body)
+
+
+def _set(path: tuple, value):
+    """A change to a line: the value at `path` (keys and list positions) set, or removed when value is _GONE."""
+
+    def change(r: dict) -> dict:
+        node = r
+        for key in path[:-1]:
+            node = node[key]
+        if value is _GONE:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+        return r
+
+    return change
+
+
+_GONE = object()
+_CALL = ("conversations", 1, "tool_calls", 0)
+_STAT = ("tool_stats", "terminal")
+# One change each, to a line with tool calls (regular(1): read_file), among lines Arrow types and the scan vouches
+# for: the rule (record_shape.why_skipped) refuses most of them, takes a few (marked), and Arrow's columns show
+# some of them, the scan sends the rest to Python.
+_CHANGES = {
+    "conversations empty": _set(("conversations",), []),
+    "a turn of another role": _set(("conversations", 0, "from"), "robot"),
+    "a turn without a role": _set(("conversations", 0, "from"), None),
+    "a turn's value null": _set(("conversations", 1, "value"), None),
+    "a turn without a value": _set(("conversations", 1, "value"), _GONE),
+    "the first turn not the prompt": _set(("conversations", 0, "from"), "gpt"),
+    "a call null": _set(("conversations", 1, "tool_calls"), [None]),
+    "a call without a name": _set((*_CALL, "name"), _GONE),
+    "a call's name null": _set((*_CALL, "name"), None),
+    "a call without arguments": _set((*_CALL, "arguments"), _GONE),
+    "a call's id null (taken)": _set((*_CALL, "id"), None),
+    "tool_calls null (taken)": _set(("conversations", 0, "tool_calls"), None),
+    "a turn's name null (taken)": _set(("conversations", 2, "name"), None),
+    "completed null": _set(("completed",), None),
+    "partial null": _set(("partial",), None),
+    "completed absent (taken)": _set(("completed",), _GONE),
+    "prompt_index null": _set(("prompt_index",), None),
+    "api_calls null": _set(("api_calls",), None),
+    "sample_index null": _set(("sample_index",), None),
+    "metadata null": _set(("metadata",), None),
+    "metadata absent (taken)": _set(("metadata",), _GONE),
+    "toolsets_used null": _set(("toolsets_used",), None),
+    "a toolset null": _set(("toolsets_used",), ["terminal", None]),
+    "toolsets_used absent (taken)": _set(("toolsets_used",), _GONE),
+    "tool_stats null": _set(("tool_stats",), None),
+    "a tool's stats null": _set(_STAT, None),
+    "a count null": _set((*_STAT, "count"), None),
+    "a count absent (taken)": _set((*_STAT, "success"), _GONE),
+    "a stat beyond the counts (taken)": _set((*_STAT, "note"), "x"),
+    "tool_error_counts null": _set(("tool_error_counts",), None),
+    "an error count null": _set(("tool_error_counts", "terminal"), None),
+    "usage null": _set(("usage",), None),
+    "a token count null": _set(("usage", "total_tokens"), None),
+    "a cost that is text (taken)": _set(("usage", "cost"), "0.5"),
+    "identity a number": _set(("identity",), 5),
+    "identity null (taken)": _set(("identity",), None),
+    "discard_reason a number": _set(("discard_reason",), 5),
+    "stop_reason a number": _set(("stop_reason",), 5),
+    "prompt_index a fraction": _set(("prompt_index",), 1.5),
+    "a call of a tool the run lacks": _set((*_CALL, "name"), "no_such_tool"),
+}
+_RAW = [
+    b'{"prompt_index": 1, "conversations": [{"from": "hu\n',  # torn
+    b"not json\n",
+    b"[1]\n",
+    b'"a string"\n',
+    b"null\n",
+    b'{"a": 1}\n',
+    b'{"conversations": "x"}\n',
+    b'{"conversations": [{"from": "human", "value": "caf\xe9"}]}\n',  # not UTF-8
+]
+
+
+def _rule_lines() -> list[bytes]:
+    """Good lines, one line of each change, the raw ones, and lines whose keys repeat (JSON takes the last)."""
+    lines = []
+    for n, (name, change) in enumerate(_CHANGES.items()):
+        record = change(dict(regular(1), prompt_index=1000 + n, identity=f"id-{n}", note=name))
+        lines.append((json.dumps(record) + "\n").encode())
+        lines += _lines([regular(n), newer(n)])
+    good = json.dumps(regular(3))[1:]
+    lines.append(b'{"completed": null, ' + good.encode() + b"\n")  # the last `completed` is true: taken
+    lines.append(b'{"prompt_index": 7, "conversations": [], ' + good.encode() + b"\n")  # taken
+    lines.append(good.encode()[:-1] + b', "completed": null}\n')  # refused
+    lines.append(good.encode()[:-1] + b', "conversations": "x"}\n')  # refused
+    for depth in (600, 100_000):  # nested past any sane depth: not JSON, whichever parser reads it
+        lines.append(good.encode()[:-1] + b', "x": ' + b"[" * depth + b"]" * depth + b"}\n")
+    lines.append(b"[" * 100_000 + b"]" * 100_000 + b"\n")
+    deep = b'{"a": ' * 100_000 + b"1" + b"}" * 100_000  # deeper than orjson's stack: it must never read it
+    lines += [deep + b"\n", good.encode()[:-1] + b', "x": ' + deep + b"}\n"]
+    return lines + _RAW
+
+
+def _python_rule(line: bytes) -> str | None:
+    return why_skipped("trajectory", parse_value(line), RUN.known)
+
+
+def test_the_columns_apply_the_rule_python_applies_to_every_kind_of_line():
+    lines = _rule_lines()
+    expected = [_python_rule(line) for line in lines]
+    assert expected.count(None) >= len(lines) // 2 and {"not_json", "malformed", "unknown_tool"} <= set(expected)
+    block = read_block(lines, [len(line) for line in lines], RUN)
+    bad, unknown = columns.malformed(block.table), columns.unknown_tools(block.table, RUN)
+    by_columns = 0
+    for i, row in enumerate(block.row):
+        if row < 0 or scan(lines[i], RUN).python:
+            continue  # the export parses it in Python, where the rule itself applies
+        got = "malformed" if bad[row] else "unknown_tool" if unknown[row] else None
+        assert got == expected[i], (lines[i][:300], got, expected[i])
+        by_columns += got is not None
+    assert by_columns >= 12, "the columns decide most wrong lines themselves"
+
+
+@pytest.mark.parametrize("python_lines", [0, 32, 10**9], ids=["all in Python", "as exported", "all on columns"])
+def test_the_parquet_export_keeps_and_counts_the_lines_the_rule_keeps(tmp_path, monkeypatch, python_lines):
+    """The whole export over those lines: the rows written are the lines the rule keeps, and the lines left out are
+    counted as the merge counts them, whether a block goes to Python or stays on Arrow's columns."""
+    monkeypatch.setattr(parquet_shards, "PYTHON_LINES_PER_BLOCK", python_lines)
+    run_dir = tmp_path / "rule"
+    run_dir.mkdir()
+    lines = _rule_lines()
+    (run_dir / "batch_0.jsonl").write_bytes(b"".join(lines))
+    kept = [parse_value(line) for line in lines if _python_rule(line) is None]
+    doc = export(run_dir, "rule", ("parquet",), Filters())["parquet"]
+    merged = merge(RunFiles(str(run_dir)))
+    assert {k: doc["source"][k] for k in ("not_json", "malformed", "unknown_tool", "trajectories")} == {
+        "not_json": merged.not_json,
+        "malformed": merged.malformed,
+        "unknown_tool": merged.unknown_tool,
+        "trajectories": merged.trajectories,
+    }
+    assert merged.trajectories == len(kept) and merged.malformed >= 30
+    rows = pq.read_table(run_dir / "export" / "parquet" / "data").to_pylist()
+    assert [r["prompt_index"] for r in rows] == [r.get("prompt_index") for r in kept]

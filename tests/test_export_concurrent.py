@@ -1,7 +1,8 @@
 """Two exports of one run at once, and the export at the end of a session (issue 26 item 15), with real processes.
 
-A batch file that is a FIFO holds the first export in the middle of its work for as long as the test wants,
-so the second starts while the first's folder is still being written, every time.
+The first export opens its second batch file only once the test says so (a wrapper of run_dir's file opener
+waits on a FIFO of the test's: a FIFO in the run directory itself is no batch file, and no reader opens it), so
+the second starts while the first's folder is still being written, every time.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ import subprocess
 import time
 from pathlib import Path
 
-from cli_helpers import assert_clean_exit, cli_command, cli_env, read_jsonl, run_cli_wrapped, thinking, write_dataset
+from cli_helpers import (
+    ROOT,
+    assert_clean_exit,
+    cli_command,
+    cli_env,
+    read_jsonl,
+    run_cli_wrapped,
+    thinking,
+    write_dataset,
+)
 from export_pin_run import regular
 from scripted_server import ScriptedServer
 
@@ -24,12 +34,32 @@ def line(i: int) -> bytes:
     return (json.dumps(regular(i), ensure_ascii=False) + "\n").encode()
 
 
-def start_export(run_dir: Path, formats: str, stderr: Path) -> subprocess.Popen:
+# The real CLI, whose reader waits for the test before it opens batch_1.jsonl.
+HELD_OPEN = """
+import sys
+sys.path.insert(0, {root!r})
+from agentbatch.run_dir import lines
+real = lines.open_regular
+def open_regular(path):
+    if path.endswith("batch_1.jsonl"):
+        with open({hold!r}, "rb") as f:
+            f.read()  # until the test has written and closed the FIFO
+    return real(path)
+lines.open_regular = open_regular
+from batch_runner import cli
+cli()
+"""
+
+
+def start_export(run_dir: Path, formats: str, stderr: Path, hold: Path | None = None) -> subprocess.Popen:
     args = [f"--run_name={run_dir.name}", f"--output_dir={run_dir.parent}", f"--export={formats}"]
+    command = cli_command(args)
+    if hold is not None:
+        wrapper = stderr.with_suffix(".py")
+        wrapper.write_text(HELD_OPEN.format(root=str(ROOT), hold=str(hold)))
+        command = [command[0], str(wrapper), *command[2:]]
     with open(stderr, "w") as err:
-        return subprocess.Popen(
-            cli_command(args), cwd=run_dir.parent, env=cli_env(), stdout=subprocess.PIPE, stderr=err
-        )
+        return subprocess.Popen(command, cwd=run_dir.parent, env=cli_env(), stdout=subprocess.PIPE, stderr=err)
 
 
 def wait_for(what: str, condition) -> None:
@@ -62,9 +92,10 @@ def test_two_exports_of_one_run_at_once_both_finish_whole(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "batch_0.jsonl").write_bytes(b"".join(line(i) for i in range(20)))
-    fifo = run_dir / "batch_1.jsonl"
-    os.mkfifo(fifo)
-    first = start_export(run_dir, "openai", tmp_path / "first.err")
+    (run_dir / "batch_1.jsonl").write_bytes(b"".join(line(i) for i in range(20, 30)))
+    hold = tmp_path / "hold"
+    os.mkfifo(hold)
+    first = start_export(run_dir, "openai", tmp_path / "first.err", hold)
     export_dir = run_dir / "export"
     # The first export has made its folder in the making and waits for the rest of the lines.
     wait_for("the first export's folder", lambda: export_dir.is_dir() and any(export_dir.glob(".openai.tmp-*")))
@@ -76,10 +107,8 @@ def test_two_exports_of_one_run_at_once_both_finish_whole(tmp_path):
             or (export_dir / f".openai.tmp-{second.pid}").exists()
         ),
     )
-    feed(fifo, b"".join(line(i) for i in range(20, 30)))
+    feed(hold, b"go")
     first.communicate(timeout=DEADLINE)
-    if second.poll() is None:
-        feed(fifo, b"".join(line(i) for i in range(20, 30)))
     second.communicate(timeout=DEADLINE)
     errors = {name: (tmp_path / f"{name}.err").read_text() for name in ("first", "second")}
     assert (first.returncode, second.returncode) == (0, 0), errors

@@ -10,7 +10,7 @@ import atif
 import pytest
 from cli_helpers import assert_clean_exit, read_jsonl
 from datasets import load_dataset
-from export_helpers import batch_records, export_cli, make_outcome_run
+from export_helpers import batch_records, export_cli, make_outcome_run, openai_line_to_trajectory
 
 from agentbatch.export import openai_chat
 
@@ -61,7 +61,7 @@ def test_openai_lines_carry_the_outcome_and_each_replys_logprobs(run, records, t
         assistant = [m["logprobs"] for m in row["messages"] if m["role"] == "assistant"]
         assert assistant == gpt_logprobs(record)
     for line, record in zip(read_jsonl(run / "export" / "openai" / "data.jsonl"), records, strict=True):
-        back = openai_chat.to_trajectory(line)
+        back = openai_line_to_trajectory(line)
         assert back["conversations"] == record["conversations"]
         assert {k: back[k] for k in OUTCOME} == {k: record[k] for k in OUTCOME}
         assert openai_chat.to_line(back) == line

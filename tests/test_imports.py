@@ -1,5 +1,5 @@
-"""The import graph stays as docs/architecture.md says: no cycle, lazy imports inside functions included, and
-the modules a trajectory is read with import nothing of the package."""
+"""The import graph stays as docs/architecture.md says: no cycle, lazy imports inside functions and imports by
+name through importlib included, and the modules a trajectory is read with import nothing of the package."""
 
 from __future__ import annotations
 
@@ -41,7 +41,47 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
                 name = name.rpartition(".")[0]
             if name:
                 out.add(name)
+    return out | imports_by_name(path, known)
+
+
+def imports_by_name(path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of ours a file may import through importlib (`import_module(name)`, `__import__`): in a file that
+    calls it, every string naming one of our modules (plugins.BUILTINS, the package's public names), and for an
+    f-string `f"package.{...}"` every module of that package whose name is a string somewhere in our code."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    if not any(_imports_by_name(node) for node in ast.walk(tree)):
+        return set()
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known:
+            out.add(node.value)
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            head = str(node.values[0].value)
+            if head.endswith("."):
+                out |= {head + tail for tail in strings(known) if head + tail in known}
     return out
+
+
+def _imports_by_name(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    return (isinstance(f, ast.Attribute) and f.attr == "import_module") or (
+        isinstance(f, ast.Name) and f.id in ("import_module", "__import__")
+    )
+
+
+_STRINGS: set[str] = set()
+
+
+def strings(known: dict[str, Path]) -> set[str]:
+    """Every string constant of our code (the names a module's name may be made of)."""
+    if not _STRINGS:
+        for path in known.values():
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    _STRINGS.add(node.value)
+    return _STRINGS
 
 
 def test_no_module_is_part_of_an_import_cycle_lazy_imports_included():
@@ -87,6 +127,7 @@ def test_harbor_is_a_plug_in_the_core_never_names():
         name
         for name, path in known.items()
         if not name.startswith("agentbatch.harbor")
+        and name != "agentbatch.plugins"  # its BUILTINS name the plug-ins it loads, Harbor's among them
         and any(m.startswith("agentbatch.harbor") for m in imports(path, known))
     )
     assert not importers, f"{importers} import agentbatch.harbor: only plugins.BUILTINS may name it"
@@ -97,3 +138,14 @@ def test_harbor_is_a_plug_in_the_core_never_names():
     for name in CORE:
         text = known[name].read_text(encoding="utf-8").lower()
         assert "harbor" not in text, f"{known[name].relative_to(ROOT)} names Harbor"
+
+
+def test_imports_by_name_through_importlib_are_edges_of_the_graph():
+    """What the loader, the package's public names and the export's formats import by name is seen, so a registry
+    that loaded the plug-ins itself (the built-ins importing it back) is a cycle here."""
+    known = modules()
+    assert {"agentbatch.tools.terminal", "agentbatch.sandboxes.bwrap", "agentbatch.harbor.oracle"} <= imports(
+        known["agentbatch.plugins"], known
+    )
+    assert {"agentbatch.tools.registry", "agentbatch.model.registry"} <= imports(known["agentbatch"], known)
+    assert "agentbatch.export.openai_chat" in imports(known["agentbatch.export.run_export"], known)

@@ -323,9 +323,10 @@ def test_a_shared_server_is_started_again_after_it_died():
 
 
 def _in_a_spawned_worker(tool_set, queue) -> None:
-    from agentbatch import run_tools
+    from agentbatch import plugins, run_tools
     from agentbatch.tools import registry
 
+    plugins.load()  # as a worker's start does (processes._worker_main), before the run's MCP tools
     run_tools.install(tool_set)
     tools = registry.load_tools()
     queue.put((tools["raw_whereami"].toolset, tools["raw_whereami"].schema()["function"]["name"]))

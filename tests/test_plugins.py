@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
+from cli_helpers import ROOT, RunDir, assert_clean_exit, run_cli, start_cli, write_dataset
 
 from agentbatch import plugins
 from agentbatch.model.scripted import ScriptedModel
@@ -22,12 +26,10 @@ PLUGINS = Path(__file__).parent / "plugins"
 @pytest.fixture
 def isolated_registry():
     """The registry and the loader as they were: a plug-in this test loads must not stay for the next tests."""
-    registry.load_tools()  # the built-ins stay, whoever loaded them first
-    tools, named, modules = dict(registry._REGISTRY), dict(plugins._named), set(sys.modules)
+    tools, named, modules = dict(registry.TOOLS._items), dict(plugins._named), set(sys.modules)
     registry._usable.clear()
     yield
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(tools)
+    registry.TOOLS._items = tools
     registry._usable.clear()
     plugins._named.clear()
     plugins._named.update(named)
@@ -82,6 +84,39 @@ def test_a_module_that_does_not_import_is_one_line_with_its_exception(tmp_path):
     for missing in ("no_such_module_here", "nowhere/missing.py"):
         run = run_cli(_run_args(tmp_path, f"--plugins={missing}"), tmp_path)
         assert run.returncode == 2 and missing in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag", ["--plugins", "--tools"])
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ('import sys\n\nsys.exit("x")\n', "SystemExit: x (stops.py, line 3)"),
+        ("x = 1\nraise KeyboardInterrupt\n", "KeyboardInterrupt (stops.py, line 2)"),
+        ("x = 1\ndef f(:\n    pass\n", "SyntaxError: invalid syntax (stops.py, line 2)"),
+        (
+            "import no_such_module_here\n",
+            "ModuleNotFoundError: No module named 'no_such_module_here' (stops.py, line 1)",
+        ),
+    ],
+)
+def test_a_plugin_that_stops_its_own_import_is_one_line_naming_its_file_and_line(tmp_path, flag, body, says):
+    (tmp_path / "stops.py").write_text(body)
+    run = run_cli(_run_args(tmp_path, f"{flag}=stops.py"), tmp_path)
+    assert run.returncode == 2, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line == f"error: plug-in file stops.py does not import: {says}"
+    assert not (tmp_path / "data" / "plug").exists()
+
+
+def test_a_real_ctrl_c_while_a_plugin_imports_still_stops_the_run_as_documented(tmp_path):
+    (tmp_path / "slow.py").write_text("import pathlib, time\n\npathlib.Path('importing').touch()\ntime.sleep(60)\n")
+    proc = start_cli(_run_args(tmp_path, "--plugins=slow.py"), tmp_path)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "importing").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted" in err and "does not import" not in err, err
 
 
 def _run_args(tmp_path, *extra: str) -> list[str]:
@@ -161,6 +196,43 @@ def test_an_installed_packages_entry_point_adds_a_dataset_format(tmp_path):
     assert_clean_exit(run)
     prompts = sorted(r["conversations"][0]["value"] for r in RunDir(tmp_path / "data" / "lines").trajectories())
     assert prompts == ["first prompt", "second prompt"]
+
+
+def test_installing_or_removing_a_plugin_package_is_seen_at_the_next_start_through_the_cache(tmp_path):
+    """Entry points are read with importlib.metadata and kept in the cache directory, keyed by the distributions on
+    the import path and their entry_points.txt: one installed, edited or removed is seen at the next start."""
+    site, cache = tmp_path / "site", tmp_path / "cache"
+    site.mkdir()
+    (site / "acme_tools.py").write_text("from agentbatch import tool\n\n@tool\ndef ping(ctx) -> dict:\n    return {}\n")
+    (tmp_path / "d.json").write_text(json.dumps({"acme": {"acme_tools": 100}}))
+    env = {"PYTHONPATH": os.pathsep.join([str(site), *sys.path]), "XDG_CACHE_HOME": str(cache)}
+
+    def start() -> subprocess.CompletedProcess:
+        return run_cli(["--list_distributions", "--distributions_file=d.json"], tmp_path, env=env)
+
+    assert start().returncode == 2  # no package declares the toolset yet
+    (cached,) = (cache / "batch-runner").glob("entry_points-*.json")
+    dist_info = site / "acme_tools-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "entry_points.txt").write_text("[batch_runner.tools]\nacme = acme_tools\n")
+    installed = start()
+    assert installed.returncode == 0 and "acme_tools 100%" in installed.stdout, installed.stderr
+    written = cached.stat().st_mtime_ns
+    assert start().returncode == 0 and cached.stat().st_mtime_ns == written  # nothing changed: the cache answered
+    (dist_info / "entry_points.txt").write_text("[console_scripts]\nacme = acme_tools:main\n")  # edited in place
+    edited = start()
+    assert edited.returncode == 2 and "'acme_tools', which this run does not have" in edited.stderr
+    (dist_info / "entry_points.txt").write_text("[batch_runner.tools]\nacme = acme_tools\n")
+    assert start().returncode == 0
+    shutil.rmtree(dist_info)
+    removed = start()
+    assert removed.returncode == 2 and "'acme_tools', which this run does not have" in removed.stderr
+
+
+def test_a_registry_read_before_the_plugins_are_loaded_says_so(tmp_path):
+    code = "from agentbatch.tools import registry\nregistry.load_tools()\n"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert "NotLoaded: the tools are read before the plug-ins are loaded: call agentbatch.plugins.load()" in proc.stderr
 
 
 def test_the_scripted_model_drives_the_real_agent_loop(tmp_path):
@@ -278,3 +350,54 @@ def test_a_plug_in_formats_build_is_made_once_by_the_docker_backend_before_any_s
     assert not any("building" in x for x in again.stderr.splitlines())  # found, not built again
     [line_again] = RunDir(tmp_path / "out" / f"{docker_run_name}-again").trajectories()
     assert line_again["task"]["image"] == line["task"]["image"]
+
+
+def test_every_kind_refuses_a_name_declared_twice_naming_both_and_takes_the_same_declaration_again():
+    """One rule in agentbatch/registry.py for the four kinds (a dataset format used to compare class names only,
+    so two modules' `Lines` classes silently replaced each other)."""
+    from agentbatch import dataset_formats
+    from agentbatch.model import registry as models
+    from agentbatch.registry import RegistrationError
+
+    def first_module():
+        class Lines:
+            def claims(self, path):
+                return False
+
+        @models.register_model("twice-model")
+        def factory(settings):
+            return ScriptedModel([])
+
+        return Lines, factory
+
+    def second_module():
+        class Lines:
+            def claims(self, path):
+                return False
+
+        def factory(settings):
+            return ScriptedModel([])
+
+        return Lines, factory
+
+    lines, factory = first_module()
+    other_lines, other_factory = second_module()
+    other_lines.__module__ = other_factory.__module__ = "somebody_else"
+    other_lines.__qualname__ = lines.__qualname__  # another module's class of the same name
+    try:
+        dataset_formats.dataset_format("twice-format")(lines)
+        dataset_formats.dataset_format("twice-format")(lines)  # its module imported again: the same declaration
+        models.register_model("twice-model")(factory)
+        with pytest.raises(
+            RegistrationError, match=r"dataset format 'twice-format' is registered twice: by .*somebody"
+        ):
+            dataset_formats.dataset_format("twice-format")(other_lines)
+        with pytest.raises(
+            RegistrationError, match=r"model 'twice-model' is registered twice: by .*factory and somebody"
+        ):
+            models.register_model("twice-model")(other_factory)
+        assert type(dataset_formats.formats()["twice-format"]) is lines
+        assert models.registered("twice-model").factory is factory
+    finally:
+        dataset_formats.FORMATS._items.pop("twice-format", None)
+        models.MODELS._items.pop("twice-model", None)

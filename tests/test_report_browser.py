@@ -369,3 +369,35 @@ def test_five_runs_side_by_side_choose_the_pair_to_compare(browser, runs, tmp_pa
     assert p.eval_on_selector_all(".prompt-row .text", "ts => ts.map(t => t.textContent)") == ["r-fail: what is 6*7?"]
     assert page.errors == []
     page.close()
+
+
+def test_lines_whose_fields_have_another_shape_open_and_show_them(browser, runs, tmp_path):
+    """Hand-edited lines (a cost that is text, token counts and toolsets of another type, a batch that is an
+    object): each opens, with those fields shown as they are, never left at "Opening…"."""
+    odd = tmp_path / "odd"
+    shutil.copytree(runs / "model_a", odd, ignore=shutil.ignore_patterns("*.html"))
+    batch = sorted(odd.glob("batch_*.jsonl"))[0]
+    trajectory = json.loads(batch.read_text().splitlines()[0])
+    trajectory["prompt_index"], trajectory["usage"]["cost"] = 777, "0.25 USD"
+    with open(batch, "a") as f:
+        f.write(json.dumps(trajectory) + "\n")
+    failure = {"prompt": "odd failure", "error": "boom", "usage": {"cost": "0.50 USD", "total_tokens": "many"}}
+    failure |= {"toolsets_used": "terminal", "batch_num": {"n": 1}, "timestamp": 5}
+    with open(odd / "failed.jsonl", "a") as f:
+        f.write(json.dumps(failure) + "\n")
+    assert_clean_exit(report_cli(tmp_path, "odd", "--report"))
+    lines = lines_of(odd)
+    shown = {
+        next(i for i, (k, r) in enumerate(lines) if k == "trajectory" and r.get("prompt_index") == 777): "0.25 USD",
+        len(lines) - 1: "0.50 USD",  # failed attempts come last
+    }
+    page = Page(browser, odd / "report.html")
+    for item, text in shown.items():
+        page.go(f"trajectories/{item}")
+        page.page.wait_for_selector(f"article.trajectory[data-id='{item}']", timeout=WAIT)
+        assert text in page.page.inner_text("article.trajectory")
+    assert "many" in page.page.inner_text("article.trajectory") and "terminal" in page.page.inner_text(
+        "article.trajectory"
+    )
+    assert page.errors == []
+    page.close()

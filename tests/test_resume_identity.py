@@ -16,8 +16,8 @@ from scripted_server import ScriptedServer
 
 from agentbatch.dataset import Entry
 from agentbatch.export.common import RunSource
-from agentbatch.record_shape import trajectory_problem
 from agentbatch.run_dir.answers import answer_key, last_words, prompt_key, remaining
+from agentbatch.run_dir.record_shape import trajectory_problem
 
 PROMPT = "Make the tests in tests/ pass."  # the README's own prompt, in two rows
 ARGS = ["--batch_size=5", "--distribution=terminal_only", "--sandbox=local", "--max_retries=0"]

@@ -169,8 +169,10 @@ def test_the_thread_that_started_it_may_end_first(made):
 WORKER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
+from agentbatch import plugins
 from agentbatch.sandboxes import registry
 from agentbatch.sandboxes.base import SandboxSettings, SandboxSpec
+plugins.load()  # as a worker's start does
 spec = SandboxSpec(SandboxSettings(kind=sys.argv[2], local_containment=sys.argv[3] or None))
 server = registry.get(spec.kind).create(spec).start(["sh", "-c", "sleep " + sys.argv[4] + " & cat"])
 server.stdin.write(b"up\\n")

@@ -109,6 +109,7 @@ def step_metrics(turn: dict) -> dict | None:
 def to_document(record: dict, run_name: str, number: int) -> dict:
     """A trajectory line → an ATIF document (a dict; validated by the caller)."""
     model = (record.get("metadata") or {}).get("model")
+    model = model if isinstance(model, str) else None  # a hand edit's other value: ATIF's model_name is text
     steps: list[dict] = []
     for t in record.get("conversations") or []:
         kind = t.get("from")

@@ -11,19 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentbatch.run_dir import lines
 from agentbatch.run_dir.answers import answer_key
-from agentbatch.run_dir.files import read_json, recorded_tools
-from agentbatch.run_dir.lines import ReadCounts
-from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
-from agentbatch.tool_set import ToolSet
+from agentbatch.run_dir.lines import NOT_JSON, ReadCounts, json_value
+from agentbatch.run_dir.reader import RunReader
 from toolset_distributions import ALL_TOOL_NAMES
-from trajectory import first_human, no_check, no_task, unknown_tools, with_tool_names
-
-try:  # 3-5x faster than json on long lines: most of a large export's time is parsing (bench/RESULTS.md, (7))
-    from orjson import loads as _loads
-except ImportError:
-    _loads = json.loads
+from trajectory import first_human, no_check, no_task, with_tool_names
 
 
 @dataclass(frozen=True)
@@ -81,44 +73,31 @@ class SourceCounts(ReadCounts):
 
 
 class RunSource:
-    """The records of a run directory, read from its batch files and never changed (so a live or killed run works).
-
-    Read through run_dir's reader; every line is redacted of the given secrets before it is parsed, whatever
-    the files already hold.
-    """
+    """The records of a run directory, read through run_dir's reader and never changed (so a live or killed run
+    works): the lines that count, as the merge counts them, each redacted of the given secrets before it is
+    parsed, whatever the files already hold."""
 
     def __init__(self, run_dir: str | Path, secrets: tuple[str, ...] = ()):
         self.dir = Path(run_dir)
-        self.paths = RunPaths(run_dir)
-        # A very short "secret" would redact ordinary letters out of every line (as the session's Redactor does).
-        self._secrets = tuple(s.encode() for s in secrets if s and len(s) >= 8)
+        self.reader = RunReader(run_dir, secrets)
+        self.paths = self.reader.paths
         self.counts = SourceCounts()
         # The run's tools (tools.json; the built-ins for a run from before it was kept): the merge keeps a line
         # that calls only these, and every line has their entries in tool_stats and tool_error_counts.
-        self.tool_set = recorded_tools(self.paths) or ToolSet()
-        self.tool_names, self._known = self.tool_set.names, frozenset(self.tool_set.names)
+        self.tool_set, self.tool_names = self.reader.tool_set, self.reader.tool_names
 
     def exists(self) -> bool:
-        return self.paths.holds_run()
+        return self.reader.exists()
 
     def trajectories(self) -> Iterator[tuple[dict, bytes]]:
-        """(record, its redacted line) of every trajectory the merge would keep, in batch-file order.
-
-        Lines that are not JSON or call unknown tools are counted, not yielded.
-        """
-        c = self.counts
-        for path in self.paths.batches():
-            for _offset, raw, record in lines.read(path, c, parse=parse_line, secrets=self._secrets):
-                if record is None:
-                    c.not_json += 1
-                elif unknown_tools(record.get("conversations") or [], self._known):
-                    c.unknown_tool += 1
-                else:
-                    c.trajectories += 1
-                    yield with_tool_names(record, self.tool_names), raw
+        """(record, its redacted line) of every trajectory the merge would keep, in batch-file order; the lines
+        left out are counted."""
+        for line in self.reader.trajectories(self.counts, parse_value):
+            yield with_tool_names(line.record, self.tool_names), line.raw
 
     def discarded(self) -> Iterator[dict]:
-        yield from self._records(self.paths.path(DISCARDED))
+        for line in self.reader.discards(parse=parse_value):
+            yield line.record
 
     def unanswered_failures(self) -> list[dict]:
         """The last failed attempt of each row that no trajectory or discard answers, with its attempt count.
@@ -127,14 +106,14 @@ class RunSource:
         by a line of that identity, an older one by any line of its prompt text.
         """
         identities, prompts = set(), set()
-        for r in self._all_answers():
-            key = answer_key(r)
+        for line in (*self.reader.trajectories(parse=parse_value), *self.reader.discards(parse=parse_value)):
+            key = answer_key(line.record)
             if key is not None and isinstance(key[0], str):
                 identities.add(key[0])
-            prompts.add(first_human(r))
+            prompts.add(first_human(line.record))
         last: dict[str | bytes, dict] = {}
         attempts: Counter = Counter()
-        for line in self._records(self.paths.path(FAILED)):
+        for line in (x.record for x in self.reader.failures(parse=parse_value)):
             key = answer_key(line)
             if key is None or (key[0] in identities if isinstance(key[0], str) else line["prompt"] in prompts):
                 continue
@@ -143,58 +122,34 @@ class RunSource:
         return [dict(line, attempts=attempts[k]) for k, line in last.items()]
 
     def read_json(self, name: str) -> dict:
-        return read_json(self.paths.path(name)) or {}
-
-    def _all_answers(self) -> Iterator[dict]:
-        for path in self.paths.batches():
-            yield from self._records(path)
-        yield from self.discarded()
-
-    def _records(self, path: str) -> Iterator[dict]:
-        for _offset, _raw, record in lines.read(path, parse=parse_line, secrets=self._secrets):
-            if record is not None:
-                yield record
+        return self.reader.read_json(name)
 
     def line_blocks(self, block_bytes: int) -> Iterator[tuple[list[bytes], list[int]]]:
-        """The batch files' lines, unparsed, in blocks of about block_bytes: (lines ending in a newline, their sizes).
+        """The batch files' lines, unparsed and redacted, in blocks of about block_bytes (RunReader.blocks): the
+        caller applies the rule (record_shape.why_skipped) and counts what it leaves out."""
+        return self.reader.blocks(self.counts, block_bytes)
 
-        Lines are counted (`lines`, `bytes`) and redacted as in trajectories(); the caller counts the rest.
-        """
-        block: list[bytes] = []
-        sizes: list[int] = []
-        size = 0
-        for path in self.paths.batches():
-            for _offset, raw, _ in lines.read(path, self.counts, parse=None, secrets=self._secrets):
-                block.append(raw if raw.endswith(b"\n") else raw + b"\n")
-                sizes.append(len(raw))
-                size += len(raw)
-                if size >= block_bytes:
-                    yield block, sizes
-                    block, sizes, size = [], [], 0
-        if block:
-            yield block, sizes
+
+def parse_value(raw: bytes) -> object:
+    """A line's JSON value as run_dir reads it (lines.json_value: NOT_JSON when it is not JSON), each lone
+    surrogate a "?": Arrow, pydantic and Inspect cannot write it as UTF-8."""
+    value = json_value(raw)
+    if value is not NOT_JSON and (b"\\ud" in raw or b"\\uD" in raw):
+        value = json.loads(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+    return value
 
 
 def parse_line(raw: bytes) -> dict | None:
     """The line's JSON object, None for a torn or corrupt line (or one that holds another JSON value)."""
-    try:
-        record = parse_json(raw)
-    except (ValueError, RecursionError):  # not JSON, or nested past any sane depth
-        return None
-    return record if isinstance(record, dict) else None
+    value = parse_value(raw)
+    return value if type(value) is dict else None
 
 
 def parse_json(raw: bytes):
-    """A JSON value, as the standard library reads it (faster); ValueError when it is not JSON.
-
-    A lone surrogate is not text: Arrow, pydantic and Inspect cannot write it as UTF-8, so it becomes "?".
-    """
-    try:
-        value = _loads(raw)
-    except ValueError:
-        value = json.loads(raw)  # orjson refuses lone surrogate escapes and NaN; json takes them
-    if b"\\ud" in raw or b"\\uD" in raw:
-        value = json.loads(json.dumps(value, ensure_ascii=False).encode("utf-8", "replace"))
+    """A JSON value, as parse_value reads it; ValueError when it is not JSON."""
+    value = parse_value(raw)
+    if value is NOT_JSON:
+        raise ValueError("not JSON")
     return value
 
 

@@ -24,6 +24,19 @@ INSPECT_STOP_REASON = {"answered": "stop", "max_turns": "tool_calls", "length": 
 _CORE = ("conversations", "tools", "usage", "metadata", "discard_reason")
 
 
+def _object(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _count(value: Any) -> int:
+    """A token count as Inspect takes it: a whole number, 0 for anything else (a hand-edited line)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def _utc(timestamp: Any) -> str | None:
     """Our timestamps are naive UTC (now_iso); Inspect wants them aware."""
     if not isinstance(timestamp, str):
@@ -61,7 +74,10 @@ class Writer(FormatWriter):
         self._add(line, "discarded")
 
     def add_failed(self, line: dict) -> None:
-        turns = [{"from": "human", "value": line.get("prompt") or ""}]
+        # A failed attempt's line is any JSON object (run_dir's rule: its usage counts): what is read of it here is
+        # taken only where it has the type the recorder writes.
+        prompt = line.get("prompt")
+        turns = [{"from": "human", "value": prompt if isinstance(prompt, str) else ""}]
         record = dict(
             line, conversations=turns, metadata={"batch_num": line.get("batch_num"), "timestamp": line.get("timestamp")}
         )
@@ -70,7 +86,7 @@ class Writer(FormatWriter):
 
     def _sample_id(self, record: dict) -> tuple[str, int]:
         base = str(record.get("prompt_index", "?"))
-        epoch = int(record.get("sample_index") or 0) + 1
+        epoch = outcome_fields(record)["sample_index"] + 1
         sample_id, n = base, 1
         while (sample_id, epoch) in self.ids:  # the same index in two sessions over a changed dataset
             n += 1
@@ -121,16 +137,16 @@ class Writer(FormatWriter):
         return messages
 
     def _add(self, record: dict, outcome: str, error: str | None = None) -> None:
-        m, meta = self.model, record.get("metadata") or {}
-        model_name = meta.get("model") or self.ctx.checkpoint.get("model")
+        m, meta = self.model, _object(record.get("metadata"))
+        model_name = _text(meta.get("model")) or _text(self.ctx.checkpoint.get("model"))
         messages = self._messages(record, model_name)
-        usage_line = record.get("usage") or {}
+        usage_line = _object(record.get("usage"))
         cost = usage_line.get("cost", usage_line.get("cost_usd"))
         usage = m.ModelUsage(
-            input_tokens=int(usage_line.get("prompt_tokens") or 0),
-            output_tokens=int(usage_line.get("completion_tokens") or 0),
-            total_tokens=int(usage_line.get("total_tokens") or 0),
-            total_cost=float(cost) if isinstance(cost, (int, float)) else None,
+            input_tokens=_count(usage_line.get("prompt_tokens")),
+            output_tokens=_count(usage_line.get("completion_tokens")),
+            total_tokens=_count(usage_line.get("total_tokens")),
+            total_cost=float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
         )
         last = next((x for x in reversed(messages) if isinstance(x, m.ChatMessageAssistant)), None)
         choices = (

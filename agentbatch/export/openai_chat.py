@@ -7,10 +7,8 @@ assistant message's `logprobs`. The README.md beside the lines declares the sche
 
 from __future__ import annotations
 
-import json
-
 from agentbatch.export.common import JsonlWriter, outcome, parsed_tools, turn_logprobs
-from trajectory import from_openai_messages, to_openai_messages
+from trajectory import to_openai_messages
 
 FEATURES = """\
   - name: messages
@@ -80,19 +78,6 @@ def to_line(record: dict) -> dict:
         if logprobs is not None:
             message["logprobs"] = logprobs
     return {"messages": messages, "tools": parsed_tools(record), **outcome(record)}
-
-
-def to_trajectory(line: dict) -> dict:
-    """An openai export line → the trajectory fields it holds (`conversations` with their logprobs, `tools` as
-    our JSON string, the outcome)."""
-    messages = line.get("messages") or []
-    conversations = from_openai_messages([{k: v for k, v in m.items() if k != "logprobs"} for m in messages])
-    gpt = [t for t in conversations if t.get("from") == "gpt"]
-    for turn, message in zip(gpt, (m for m in messages if m.get("role") == "assistant"), strict=True):
-        if message.get("logprobs") is not None:
-            turn["logprobs"] = message["logprobs"]
-    fields = {k: line[k] for k in ("sample_index", "reward", "passed", "check", "task") if k in line}
-    return {"conversations": conversations, "tools": json.dumps(line.get("tools") or [], ensure_ascii=False), **fields}
 
 
 class Writer(JsonlWriter):

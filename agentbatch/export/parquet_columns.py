@@ -1,7 +1,9 @@
-"""The merge's unknown-tool check, the export filters and the dataset card's statistics, on Arrow's typed columns.
+"""The run's rule for which lines count (record_shape.why_skipped: not trajectories, calling unknown tools), the
+export filters and the dataset card's statistics, on Arrow's typed columns.
 
-Each gives what its Python original gives on the parsed lines (trajectory.unknown_tools, Filters.rejects,
-CardStats.add), for lines Arrow typed and whose keys the scan vouched for (parquet_lines.scan);
+Each gives what its Python original gives on the parsed lines (record_shape.trajectory_problem,
+trajectory.unknown_tools, Filters.rejects, CardStats.add), for lines Arrow typed and whose keys the scan vouched
+for (parquet_lines.scan: it sends to Python what of the rule the columns cannot show);
 tests/test_export_columns.py holds them to that.
 """
 
@@ -14,6 +16,9 @@ import pyarrow.compute as pc
 from agentbatch.export.common import Filters
 from agentbatch.export.dataset_card import CardStats
 from agentbatch.export.parquet_rows import TOKENS, Layout
+from agentbatch.run_dir.record_shape import TURN_ROLES
+
+_ROLES = pa.array(TURN_ROLES, pa.string())
 
 
 def _bools(array) -> np.ndarray:
@@ -31,6 +36,38 @@ def assistant_turns(table: pa.Table) -> np.ndarray:
     conv = table.column("conversations").combine_chunks()
     gpt = _bools(pc.equal(conv.flatten().field("from"), "gpt"))
     return _per_row(gpt, pc.list_parent_indices(conv).to_numpy(), len(conv))
+
+
+def malformed(table: pa.Table) -> np.ndarray:
+    """Per row: is it not a trajectory, as far as the columns show it (record_shape.trajectory_problem: turns from
+    one of its roles with a value, the first from `human`, tool calls with a name and arguments, toolsets that
+    are names). A typed row's conversations and turns are never null (parquet_lines.read_block)."""
+    conv = table.column("conversations").combine_chunks()
+    rows = len(conv)
+    offsets = conv.offsets.to_numpy() - conv.offsets[0].as_py()
+    lengths = np.diff(offsets)
+    bad = lengths == 0
+    turns = conv.flatten()
+    if len(turns):
+        turn_bad = ~_bools(pc.is_in(turns.field("from"), value_set=_ROLES))
+        turn_bad |= turns.field("value").is_null().to_numpy(zero_copy_only=False)
+        calls = turns.field("tool_calls")
+        flat = calls.flatten()
+        if len(flat):
+            call_bad = flat.is_null().to_numpy(zero_copy_only=False)
+            for name in ("name", "arguments"):
+                call_bad |= pc.struct_field(flat, name).is_null().to_numpy(zero_copy_only=False)
+            turn_bad |= _per_row(call_bad, pc.list_parent_indices(calls).to_numpy(), len(turns)) > 0
+        bad |= _per_row(turn_bad, pc.list_parent_indices(conv).to_numpy(), rows) > 0
+        some = np.flatnonzero(~bad & (lengths > 0))
+        first = pc.take(turns.field("from"), pa.array(offsets[:-1][some]))
+        bad[some] |= ~_bools(pc.equal(first, "human"))
+    used = table.column("toolsets_used").combine_chunks()
+    names = used.flatten()
+    if names.null_count:
+        null_names = names.is_null().to_numpy(zero_copy_only=False)
+        bad |= _per_row(null_names, pc.list_parent_indices(used).to_numpy(), rows) > 0
+    return bad
 
 
 def unknown_tools(table: pa.Table, run: Layout) -> np.ndarray:

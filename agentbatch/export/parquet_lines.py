@@ -3,7 +3,11 @@ finds what the reader leaves out (fields outside the schema, keys that change a 
 
 The scan uses msgspec (`batch-runner[export]`) to list a line's keys and keep their values as raw JSON: only
 the values of extra fields are parsed. Without msgspec, or for a line the scan cannot vouch for, the caller
-parses the whole line in Python (`Scan.python`).
+parses the whole line in Python (`Scan.python`). The scan also finds what of the run's rule for which lines
+count (record_shape.trajectory_problem) Arrow's columns cannot show: a null where the rule takes only a missing
+field (Arrow reads both as null), and the types of `identity` and `discard_reason`, which are no columns; such
+a line goes to Python, where the rule itself decides. The rest of the rule is on the columns
+(parquet_columns.malformed).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.json as paj
 
 from agentbatch.export.common import parse_json
-from agentbatch.export.parquet_rows import COLUMNS, TURN_KEYS, USAGE_KEYS, Layout
+from agentbatch.export.parquet_rows import COLUMNS, TOKENS, TURN_KEYS, USAGE_KEYS, Layout
 
 try:
     import msgspec
@@ -50,6 +54,12 @@ def read_block(lines: list[bytes], sizes: list[int], run: Layout) -> Block:
 
 
 def _read(block: Block, lo: int, hi: int, tables: list[pa.Table], parse: paj.ParseOptions) -> None:
+    # Arrow's reader crashes the process (SIGSEGV, pyarrow 26) on data whose first value is `null`: lines that
+    # begin with anything but an object are no rows of it, and are left for Python.
+    while lo < hi and not block.lines[lo].lstrip().startswith(b"{"):
+        lo += 1
+    if lo == hi:
+        return
     data = b"".join(block.lines[lo:hi])
     table = None
     # Arrow's reader keeps bytes that are not UTF-8 as they are, where Python's JSON parser refuses the line.
@@ -112,28 +122,35 @@ if msgspec is not None:
         name: _Raw = _Raw()
         logprobs: _Raw = _Raw()  # beyond TURN's, on lines of --logprobs runs: its only extra field when present
 
+    # The fields whose null the rule refuses (an absent one it takes) are typed here without null: a line holding
+    # such a null fails this decoding and goes to the slower key scan, which sends it to Python.
     class _Usage(msgspec.Struct, forbid_unknown_fields=True):
-        prompt_tokens: _Raw = _Raw()
-        completion_tokens: _Raw = _Raw()
-        total_tokens: _Raw = _Raw()
+        prompt_tokens: int = 0
+        completion_tokens: int = 0
+        total_tokens: int = 0
         cost: _Raw = _Raw()
+
+    class _Counts(msgspec.Struct):
+        count: int = 0
+        success: int = 0
+        failure: int = 0
 
     class _Line(msgspec.Struct, forbid_unknown_fields=True):
         """A line with no field beyond the schema's: one pass over it, nothing parsed but the keys."""
 
         conversations: list[_Turn] = []
-        usage: _Usage | None = None
-        tool_stats: dict[str, _Raw] | None = None
-        tool_error_counts: dict[str, _Raw] | None = None
-        prompt_index: _Raw = _Raw()
-        sample_index: _Raw = _Raw()
-        metadata: _Raw = _Raw()
+        usage: _Usage | msgspec.UnsetType = msgspec.UNSET
+        tool_stats: dict[str, _Counts] = {}
+        tool_error_counts: dict[str, int] = {}
+        prompt_index: int = 0
+        sample_index: int = 0
+        metadata: dict[str, _Raw] = {}
         task: _Raw = _Raw()
-        completed: _Raw = _Raw()
-        partial: _Raw = _Raw()
+        completed: bool = False
+        partial: bool = False
         stop_reason: _Raw = _Raw()
-        api_calls: _Raw = _Raw()
-        toolsets_used: _Raw = _Raw()
+        api_calls: int = 0
+        toolsets_used: list[str | None] = []
         tools: _Raw = _Raw()
         reward: _Raw = _Raw()
         passed: _Raw = _Raw()
@@ -157,6 +174,8 @@ def scan(line: bytes, run: Layout) -> Scan:
         return _scan_keys(line, run)
     except msgspec.DecodeError:
         return _PYTHON
+    if known.identity and not _text_or_null(known.identity):
+        return _PYTHON  # the rule refuses it: record_shape decides
     if known.tool_stats and not _in_run_order(known.tool_stats, run):
         return _PYTHON  # the card's tool-call counts follow a line's own key order and count every key
     if known.tool_error_counts and not known.tool_error_counts.keys() <= run.known:
@@ -202,6 +221,8 @@ def _scan_keys(line: bytes, run: Layout) -> Scan:
         errors = _OBJECT.decode(top["tool_error_counts"]) if "tool_error_counts" in top else None
     except (msgspec.DecodeError, KeyError, TypeError):
         return _PYTHON
+    if _refused_null(top, usage, stats, errors):
+        return _PYTHON  # not a trajectory by the rule, which Arrow's columns cannot show: record_shape decides
     if stats and not _in_run_order(stats, run):
         return _PYTHON
     if errors and not errors.keys() <= run.known:
@@ -219,6 +240,31 @@ def _scan_keys(line: bytes, run: Layout) -> Scan:
     except ValueError:
         return _PYTHON
     return out
+
+
+# Fields the rule takes absent but refuses as null (record_shape.trajectory_problem); Arrow reads both as null.
+_NOT_NULL = ("completed", "partial", "prompt_index", "api_calls", "sample_index", "metadata", "toolsets_used")
+_NOT_NULL_OBJECTS = ("usage", "tool_stats", "tool_error_counts")
+_NULL = b"null"
+
+
+def _refused_null(top: dict, usage: dict | None, stats: dict | None, errors: dict | None) -> bool:
+    """Whether the line holds what the rule refuses and the columns cannot show: a null in place of a field the
+    rule takes only absent, or an `identity` or `discard_reason` that is neither text nor null."""
+    if any(bytes(top[k]) == _NULL for k in (*_NOT_NULL, *_NOT_NULL_OBJECTS) if k in top):
+        return True
+    if any(not _text_or_null(top[k]) for k in ("identity", "discard_reason") if k in top):
+        return True
+    if usage and any(bytes(usage[k]) == _NULL for k in TOKENS if k in usage):
+        return True
+    if stats and any(_NULL in bytes(v) for v in stats.values()):  # a count's null, or the entry's
+        return True
+    return bool(errors) and any(bytes(v) == _NULL for v in errors.values())
+
+
+def _text_or_null(raw) -> bool:
+    data = bytes(raw)
+    return data[:1] == b'"' or data == _NULL
 
 
 def _in_run_order(keys: dict, run: Layout) -> bool:

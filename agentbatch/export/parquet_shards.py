@@ -1,8 +1,9 @@
 """`parquet`: bounded Parquet shards under data/ and a dataset card, as `datasets.load_dataset(DIR)` and the Hub take them.
 
-The run's lines are read in blocks: Arrow's JSON reader types each block once, the merge's unknown-tool check, the
-filters and the card's statistics are computed on its columns, and only lines the reader or the key scan
-cannot vouch for are parsed in Python (parquet_lines). Kept lines go to row groups of ~4 MB of lines, cut where
+The run's lines are read in blocks: Arrow's JSON reader types each block once, the run's rule for which lines
+count (the merge's: record_shape.why_skipped), the filters and the card's statistics are computed on its columns,
+and only lines the reader or the key scan cannot vouch for are parsed in Python, where the rule itself applies
+(parquet_lines). Kept lines go to row groups of ~4 MB of lines, cut where
 the export always cut them; a row group holding a line Arrow cannot type is built row by row (parquet_rows).
 """
 
@@ -19,11 +20,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from agentbatch.export import parquet_columns as columns
-from agentbatch.export.common import ExportContext, Filters, FormatWriter, SourceCounts, parse_line, write_card
+from agentbatch.export.common import (
+    ExportContext,
+    Filters,
+    FormatWriter,
+    SourceCounts,
+    parse_line,
+    parse_value,
+    write_card,
+)
 from agentbatch.export.dataset_card import CardStats, card_body
 from agentbatch.export.parquet_lines import Block, read_block, scan
 from agentbatch.export.parquet_rows import layout, line_extra, python_rows, turn_extras, typed_rows
-from trajectory import unknown_tools
+from agentbatch.run_dir.record_shape import why_skipped
 
 SHARD_BYTES = 256 * 1024 * 1024  # the Hub's viewer and most readers are happiest with shards of a few hundred MB
 BATCH_SOURCE_BYTES = 4 * 1024 * 1024  # one row group: bounds the memory of an export, whatever the run's size
@@ -105,6 +114,7 @@ class Writer(FormatWriter):
         if sum(python) > PYTHON_LINES_PER_BLOCK:
             python = [True] * len(lines)
         if table is not None:
+            bad = columns.malformed(table).tolist()
             unknown = columns.unknown_tools(table, self.layout).tolist()
             why = columns.rejections(table, filters, self.layout)
             turns = columns.assistant_turns(table)
@@ -114,18 +124,17 @@ class Writer(FormatWriter):
         for i, row in enumerate(block.row):
             record = None
             if python[i]:
-                record = parse_line(lines[i])
-                if record is None:
-                    counts.not_json += 1
+                value = parse_value(lines[i])
+                skip = why_skipped("trajectory", value, self.layout.known)
+                if skip is not None:
+                    counts.skip(skip)
                     continue
-                if unknown_tools(record.get("conversations") or [], self.layout.known):
-                    counts.unknown_tool += 1
-                    continue
+                record = value
                 counts.trajectories += 1
                 reason = filters.rejects(record)
             else:
-                if unknown[row]:
-                    counts.unknown_tool += 1
+                if bad[row] or unknown[row]:
+                    counts.skip("malformed" if bad[row] else "unknown_tool")
                     continue
                 counts.trajectories += 1
                 reason = why[row]

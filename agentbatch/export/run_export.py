@@ -12,9 +12,9 @@ from agentbatch.errors import FatalError
 from agentbatch.export import FORMATS
 from agentbatch.export.common import ExportContext, Filters, RunSource
 from agentbatch.run_dir import atomic
-from agentbatch.run_dir.files import read_json
 from agentbatch.run_dir.lock import export_lock
 from agentbatch.run_dir.paths import CHECKPOINT, EXPORT_REPORT, STATISTICS
+from agentbatch.run_dir.reader import read_json
 from agentbatch.work import now_iso
 
 
@@ -29,6 +29,8 @@ def export(
     source = RunSource(run_dir, secrets)
     if not source.exists():
         raise FatalError(f"nothing to export: {run_dir} holds no run (check --run_name and --output_dir)")
+    for note in source.reader.notes():
+        print(f"warning: {note}", file=sys.stderr)
     try:
         with export_lock(source.paths):
             report = _export(source, run_name, formats, filters)
@@ -98,8 +100,7 @@ def _export(source: RunSource, run_name: str, formats: tuple[str, ...], filters:
             "source": {
                 "lines": c.lines,
                 "bytes": c.bytes,
-                "not_json": c.not_json,
-                "unknown_tool": c.unknown_tool,
+                **c.skipped(),
                 "trajectories": c.trajectories,
             },
             "filtered": dict(c.filtered),
@@ -110,10 +111,17 @@ def _export(source: RunSource, run_name: str, formats: tuple[str, ...], filters:
     return report
 
 
+# How the summary names the lines the merge's rule leaves out (record_shape.why_skipped), as the merge's summary does.
+LEFT_OUT = {"not_json": "not JSON", "malformed": "not trajectories", "unknown_tool": "calling unknown tools"}
+
+
 def _summary(fmt: str, r: dict) -> str:
+    source = r["source"]
+    left_out = ", ".join(f"{source[why]} {words}" for why, words in LEFT_OUT.items() if source.get(why))
     filtered = ", ".join(f"{n} {why}" for why, n in r["filtered"].items())
     skipped = ", ".join(f"{n} {why}" for why, n in (r.get("skipped") or {}).items())
-    line = f"export {fmt}: {r['written']} written -> {r['path']} ({r['source']['trajectories']} trajectories"
+    line = f"export {fmt}: {r['written']} written -> {r['path']} ({source['trajectories']} trajectories"
+    line += f"; lines skipped: {left_out}" if left_out else ""
     line += f"; filtered: {filtered}" if filtered else "; none filtered"
     if skipped:
         line += f"; not representable: {skipped}"

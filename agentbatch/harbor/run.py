@@ -13,7 +13,6 @@ and the tasks whose reference solution does not.
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from dataclasses import replace
 
@@ -21,9 +20,9 @@ from agentbatch.dataset import Entry
 from agentbatch.dataset_steps import RunContext
 from agentbatch.harbor import network_policy, oracle
 from agentbatch.harbor.sample import HarborHooks
-from agentbatch.run_dir import atomic, lines
-from agentbatch.run_dir.files import read_json
-from agentbatch.run_dir.paths import DISCARDED, FAILED, HARBOR_WARNINGS, TRAJECTORIES, RunPaths
+from agentbatch.run_dir import atomic
+from agentbatch.run_dir.paths import HARBOR_WARNINGS, RunPaths
+from agentbatch.run_dir.reader import RunReader, read_json
 from agentbatch.terminal_text import safe
 
 
@@ -154,14 +153,14 @@ def oracle_summary(run_dir: str, entries: list[Entry]) -> list[str]:
             return None
         return name
 
+    reader = RunReader(run_dir)  # the lines that count, as the merge kept them
     verdicts: dict[str, list[str]] = defaultdict(list)  # task name -> one word per sample ("passed", or why not)
-    for name in (TRAJECTORIES, DISCARDED):
-        for line in _lines(run_dir, name):
-            task = of_this_dataset(line)
-            if task is not None:
-                verdicts[task].append(_verdict(line))
+    for line in (*reader.trajectories(), *reader.discards()):
+        task = of_this_dataset(line.record)
+        if task is not None:
+            verdicts[task].append(_verdict(line.record))
     failed: dict[str, str] = {}
-    for line in _lines(run_dir, FAILED):
+    for line in (x.record for x in reader.failures()):
         task = of_this_dataset(line)
         if task is not None and task not in verdicts:
             failed[task] = (str(line.get("error") or "failed").splitlines() or ["failed"])[0][:200]
@@ -178,11 +177,6 @@ def oracle_summary(run_dir: str, entries: list[Entry]) -> list[str]:
         lines.append("  reference solution does not pass:")
         lines += [safe(f"    {name}: {why}") for name, why in bad.items()]
     return lines
-
-
-def _lines(run_dir: str, name: str):
-    path = RunPaths(run_dir).path(name)
-    return lines.records(path) if os.path.exists(path) else ()
 
 
 def _task_name(line: dict) -> str | None:

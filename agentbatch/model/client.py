@@ -35,7 +35,7 @@ MAX_REPLY_BYTES = 8 * 1024 * 1024
 MAX_TOOL_CALLS = 128
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelSettings:
     """Where and how to call the model; the API key never leaves this object except in the request header."""
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from agentbatch.model.base import Model
 from agentbatch.model.client import ModelClient, ModelSettings
+from agentbatch.registry import Registry, origin_of
 
 Factory = Callable[[ModelSettings], Model]
 
@@ -29,7 +30,7 @@ class Registered:
     refusal: str = ""  # the one line that refuses a dataset of another format
 
 
-_MODELS: dict[str, Registered] = {}
+MODELS: Registry[Registered] = Registry("model")
 
 
 def register_model(
@@ -46,12 +47,8 @@ def register_model(
     """
 
     def declare(factory: Factory) -> Factory:
-        known = _MODELS.get(name)
-        if known is not None and _origin(known.factory) != _origin(factory):
-            raise ValueError(f"model {name!r} is registered twice: by {_origin(known.factory)} and {_origin(factory)}")
-        _MODELS[name] = Registered(
-            name, factory, needs_endpoint, tuple((implies or {}).items()), dataset_formats, refusal
-        )
+        registered = Registered(name, factory, needs_endpoint, tuple((implies or {}).items()), dataset_formats, refusal)
+        MODELS.add(name, registered, origin_of(factory))
         return factory
 
     return declare
@@ -59,33 +56,29 @@ def register_model(
 
 def implied_flags(name: str) -> dict[str, Any]:
     """The flag values `--model=name` implies for the flags a run does not give (none for an endpoint's model)."""
-    r = _MODELS.get(name)
+    r = MODELS.get(name)
     return dict(r.implies) if r is not None else {}
 
 
 def refusal(name: str, dataset_format: str) -> str | None:
     """Why `--model=name` cannot run a dataset of this format (its one line), or None if it can."""
-    r = _MODELS.get(name)
+    r = MODELS.get(name)
     if r is None or not r.dataset_formats or dataset_format in r.dataset_formats:
         return None
     return r.refusal or f"--model={name} runs only datasets of the {', '.join(r.dataset_formats)} format"
 
 
 def registered(name: str) -> Registered | None:
-    return _MODELS.get(name)
+    return MODELS.get(name)
 
 
 def needs_endpoint(name: str) -> bool:
     """Whether `--model=name` calls the endpoint (and so needs its URL and, for hosted ones, a key)."""
-    r = _MODELS.get(name)
+    r = MODELS.get(name)
     return r is None or r.needs_endpoint
 
 
 def make(settings: ModelSettings) -> Model:
     """The run's model: the one registered under its name, else the endpoint's through the HTTP client."""
-    r = _MODELS.get(settings.model)
+    r = MODELS.get(settings.model)
     return r.factory(settings) if r is not None else ModelClient(settings)
-
-
-def _origin(factory: Factory) -> str:
-    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', '?')}"

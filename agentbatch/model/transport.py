@@ -403,7 +403,7 @@ class ProxiedConnection:
     def __init__(self, origin: Origin, headers: dict[str, str], timeout: float):
         import httpx
 
-        from agentbatch import http_deadline
+        import agentbatch.http_deadline as http_deadline
 
         self._httpx = httpx
         self._deadline = http_deadline.deadline

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agentbatch.errors import FatalError
-from agentbatch.report import collect, page, prompts
-from agentbatch.report.collect import RunReader
+from agentbatch.report import page, prompts
 from agentbatch.report.figures import Figures
 from agentbatch.report.pack import COLUMNS, KIND_CODES, STATUS_CODES, Index, compress_chunk
 from agentbatch.run_dir import atomic
 from agentbatch.run_dir.lock import export_lock
 from agentbatch.run_dir.paths import RunPaths
+from agentbatch.run_dir.reader import RunReader
 
 # What the report shows of checkpoint.json: its texts, and its numbers (anything else, as a hand edit leaves, is null).
 CHECKPOINT_TEXTS = ("state", "model", "distribution", "dataset_file", "updated_at")
@@ -41,9 +41,9 @@ class Written:
 def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ()) -> Written:
     """Write the report of these runs (the first is the run; more are shown beside it) to `out`."""
     start = time.monotonic()
-    readers = [RunReader(Path(d), secrets) for d in run_dirs]
+    readers = [RunReader(d, secrets) for d in run_dirs]
     require_runs(run_dirs)
-    names = _names(readers)
+    names = _names([Path(d) for d in run_dirs])
     try:
         # One writer at a time: the exports' lock (a report is the run exported to a page; a second report or an
         # export waits for this one), then run_dir's atomic writer swaps the page in whole.
@@ -58,7 +58,7 @@ def write_report(run_dirs: list[Path], out: Path, secrets: tuple[str, ...] = ())
             page.write_page(f, data["title"], data, blob, chunks)
     except OSError as e:
         raise FatalError(f"cannot write the report {out}: {e.strerror or e}; the run's files are unchanged") from None
-    skipped = sum(sum(collect.skipped(c).values()) for r in readers for c in r.counts.values())
+    skipped = sum(sum(c.skipped().values()) for r in readers for c in r.counts.values())
     return Written(out, len(index), out.stat().st_size, time.monotonic() - start, skipped)
 
 
@@ -66,9 +66,9 @@ def _read(readers: list[RunReader], names: list[str], writer: _Chunks) -> tuple[
     """Every line of every run, once: into its run's figures, the index, and the chunks."""
     index, runs = Index(), []
     for number, reader in enumerate(readers):
-        figures = Figures()
+        figures = Figures(reader.tool_names)
         first = len(index)
-        for line in reader.lines():
+        for line in reader.everything():
             figures.add(line, len(index))
             if body := index.add(number, line):
                 writer.add(body)
@@ -76,7 +76,7 @@ def _read(readers: list[RunReader], names: list[str], writer: _Chunks) -> tuple[
         runs.append(
             {
                 "name": names[number],
-                "path": str(reader.path),
+                "path": reader.dir,
                 "items": [first, len(index)],
                 "checkpoint": checkpoint,
                 "artifacts": reader.artifacts(),
@@ -142,7 +142,7 @@ class _Chunks:
 def require_runs(run_dirs: list[Path]) -> None:
     """Raise the one-line error of the first directory that holds no run."""
     for path in run_dirs:
-        if not RunReader(Path(path)).exists():
+        if not RunPaths(path).holds_run():
             raise FatalError(
                 f"no run in {path}: it does not exist or holds no batch file, discards, failures or "
                 "checkpoint (check --run_name and --output_dir)"
@@ -158,10 +158,10 @@ def _checkpoint(doc: dict) -> dict:
     return texts | numbers
 
 
-def _names(readers: list[RunReader]) -> list[str]:
+def _names(paths: list[Path]) -> list[str]:
     """Each run's name; two directories of one name are told apart by their parent's."""
-    names = [r.name for r in readers]
-    return [f"{r.path.parent.name}/{r.name}" if names.count(r.name) > 1 else r.name for r in readers]
+    names = [p.name for p in paths]
+    return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
 
 
 def _title(names: list[str]) -> str:

@@ -10,10 +10,11 @@ from collections import Counter, defaultdict
 
 from agentbatch.model.usage import cost_of
 from agentbatch.outcome_stats import OutcomeStats
-from agentbatch.report.collect import Line, skipped
 from agentbatch.run_dir.answers import answer_key
 from agentbatch.run_dir.lines import ReadCounts
-from agentbatch.run_statistics import RunStats
+from agentbatch.run_dir.reader import Line
+from agentbatch.run_statistics import RunStats, merge_counts
+from toolset_distributions import ALL_TOOL_NAMES
 
 # Where a row's task category lives: these keys of a line's `metadata`, or of an object inside it
 # (a Harbor task's metadata: issue 27).
@@ -78,8 +79,9 @@ def tool_error(value: str) -> str | None:
 class Figures:
     """Accumulates one run's lines; to_dict() gives every figure the report draws."""
 
-    def __init__(self):
-        self.stats = RunStats()
+    def __init__(self, tool_names: tuple[str, ...] = ALL_TOOL_NAMES):
+        # The run's tools (tools.json), each in the figures called or not, as statistics.json has them.
+        self.stats = RunStats(tools={n: {"count": 0, "success": 0, "failure": 0} for n in tool_names})
         self.outcomes = OutcomeStats()
         self.by_category: dict[tuple[str, str], OutcomeStats] = {}
         self.rewards: list[tuple[float, tuple[str, ...], tuple[tuple[str, str], ...]]] = []
@@ -147,18 +149,13 @@ class Figures:
             model=checkpoint.get("model"),
             distribution=checkpoint.get("distribution"),
             prompts=prompts,
-            merge={
-                "kept": self.stats.trajectories,
-                "filtered_unknown_tool": counts["trajectory"].unknown_tool,
-                "filtered_not_json": counts["trajectory"].not_json,
-                "filtered_malformed": counts["trajectory"].malformed,
-            },
+            merge=merge_counts(counts["trajectory"]),
             duration_seconds=checkpoint.get("duration_seconds"),
         )
         stats["outcomes"] = self.outcomes.to_dict(self.samples)
         return {
             "statistics": stats,
-            "skipped": {kind: skipped(c) for kind, c in counts.items()},
+            "skipped": {kind: c.skipped() for kind, c in counts.items()},
             "by_category": self._by_category(),
             "rewards": self._reward_histograms(),
             "usage": self._usage(),

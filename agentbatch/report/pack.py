@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 from agentbatch.model.usage import cost_of
-from agentbatch.report.collect import Line
 from agentbatch.report.figures import categories, one_line, seconds_of, tokens_of
+from agentbatch.run_dir.reader import Line
 from agentbatch.surrogates import scrub_json
 
 try:  # several times faster than json on the payloads, most of the report's writing time
@@ -30,12 +30,13 @@ CHUNK_BYTES = 256 * 1024  # uncompressed JSON per chunk: decoded in a few millis
 CHUNK_ITEMS = 200
 KIND_CODES = {"trajectory": 0, "discarded": 1, "failed": 2}
 STATUS_CODES = {"passed": 0, "failed": 1, "timeout": 2, "error": 3, "none": 4}
-# Fields of a trajectory line shown by the trajectory view from fields of their own; the rest go in `extra`.
-SHOWN = {
+# Fields of a trajectory line shown by the trajectory view from fields of their own; the rest go in `extra`. A
+# dict, not a set: a payload's keys come in this order in every process, so a report is the same byte for byte.
+SHOWN = dict.fromkeys((
     "conversations", "check", "usage", "metadata", "completed", "partial", "stop_reason", "api_calls",
     "toolsets_used", "discard_reason", "reward", "passed", "prompt_index", "sample_index", "tools",
     "tool_stats", "tool_error_counts", "identity",
-}  # fmt: skip
+))  # fmt: skip
 
 
 class Strings:
@@ -101,7 +102,8 @@ class Index:
         col["prompt"].append(pid)
         col["pindex"].append(index)
         col["sample"].append(sample if _whole(sample) else 0)
-        col["status"].append(STATUS_CODES.get(check.get("status"), 4))
+        status = check.get("status")
+        col["status"].append(STATUS_CODES.get(status, 4) if isinstance(status, str) else 4)
         col["reward"].append(reward if _number(reward) else None)
         col["stop"].append(s(r.get("stop_reason") if isinstance(r.get("stop_reason"), str) else None))
         toolsets = r.get("toolsets_used") if isinstance(r.get("toolsets_used"), list) else []

@@ -11,16 +11,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
-from agentbatch.record_shape import trajectory_problem
-from agentbatch.run_dir import lines
-from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
-from trajectory import first_human, unknown_tools
+from trajectory import first_human
 
 if TYPE_CHECKING:
     from agentbatch.dataset import Entry
+    from agentbatch.run_dir.reader import RunReader
 
 # (identity, sample index), or (prompt key, sample index) for a line written before identities: a str or bytes
 # first part, so the two kinds never meet in one Counter.
@@ -39,8 +36,18 @@ def answer_key(line: dict) -> AnswerKey | None:
     identity = line.get("identity")
     if type(identity) is str and identity:
         return identity, sample
-    prompt = line.get("prompt") if "conversations" not in line else first_human(line)
-    return (prompt_key(prompt), sample) if isinstance(prompt, str) else None
+    return (prompt_key(prompt), sample) if isinstance(prompt := _prompt(line), str) else None
+
+
+def _prompt(line: dict) -> object:
+    """The prompt text a line answers: a failed attempt's `prompt`, a trajectory's first human turn. A failed line
+    is any JSON object (record_shape): one holding `conversations` of another shape has none."""
+    if "conversations" not in line:
+        return line.get("prompt")
+    turns = line["conversations"]
+    if type(turns) is not list or not all(type(t) is dict for t in turns):
+        return None
+    return first_human(line)
 
 
 def take(answers: Counter, entry: Entry, sample: int) -> bool:
@@ -61,31 +68,13 @@ def count(line: dict, into: Counter) -> None:
         into[key] += 1
 
 
-def kept_trajectories(paths: RunPaths, known_tools: Collection[str]) -> Iterator[dict]:
-    """The batch files' lines the merge keeps (a line it drops answers nothing: counting it would leave its row
-    out of every output); `known_tools`: the run's (a line calling another is dropped)."""
-    for path in paths.batches():
-        for record in lines.records(path):
-            if trajectory_problem(record) is None and not unknown_tools(record["conversations"], known_tools):
-                yield record
-
-
-def discarded_records(paths: RunPaths) -> Iterator[dict]:
-    """The lines of discarded.jsonl that are trajectory-shaped (others answer nothing and count nowhere)."""
-    for record in lines.records(paths.path(DISCARDED)):
-        if trajectory_problem(record) is None:
-            yield record
-
-
-def failed_records(paths: RunPaths) -> Iterator[dict]:
-    return lines.records(paths.path(FAILED))
-
-
-def done_counts(paths: RunPaths, known_tools: Collection[str]) -> Counter:
-    """What the resume scan finds: row and sample → the lines (batch files and discards) answering it."""
+def done_counts(reader: RunReader) -> Counter:
+    """What the resume scan finds: row and sample → the lines answering it, the batch files' trajectories that
+    count and the discards (a line the merge drops answers nothing: counting it would leave its row out of
+    every output)."""
     done: Counter = Counter()
-    for line in itertools.chain(kept_trajectories(paths, known_tools), discarded_records(paths)):
-        count(line, done)
+    for line in itertools.chain(reader.trajectories(), reader.discards()):
+        count(line.record, done)
     return done
 
 

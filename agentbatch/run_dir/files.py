@@ -10,14 +10,14 @@ import contextlib
 import json
 import os
 
-from agentbatch.record_shape import trajectory_problem
 from agentbatch.run_dir import atomic
-from agentbatch.run_dir.paths import DISCARDED, FAILED, TOOLS, RunPaths
+from agentbatch.run_dir.paths import DISCARDED, FAILED, RunPaths
+from agentbatch.run_dir.reader import RunReader
+from agentbatch.run_dir.record_shape import why_skipped
 from agentbatch.secrets_guard import Redactor
 from agentbatch.surrogates import scrub
 from agentbatch.tool_set import ToolSet
-from toolset_distributions import ALL_TOOL_NAMES
-from trajectory import VALUE_KINDS, shown_kinds, unknown_tools
+from trajectory import VALUE_KINDS, shown_kinds
 
 
 class RunFiles:
@@ -34,11 +34,18 @@ class RunFiles:
         # Path → VALUE_KINDS → offset of the first accounted line there showing it: what the merge's search
         # for lead entries would find in a file this session wrote alone, known without reading it.
         self.kind_lines: dict[str, dict[str, int]] = {}
-        self.use_tools(ALL_TOOL_NAMES)
+        self.use_tools(ToolSet())
 
-    def use_tools(self, names: tuple[str, ...]) -> None:
+    def use_tools(self, tools: ToolSet) -> None:
         """The run's tools (tools.json): every line gets their entries; a line calling another is not kept."""
-        self.tool_names, self.known_tools = tuple(names), frozenset(names)
+        self.tool_set = tools
+        self.tool_names, self.known_tools = tools.names, frozenset(tools.names)
+
+    def reader(self, redacted: bool = False) -> RunReader:
+        """The run as this session reads it back, with its tools; `redacted`: of its secrets too, for lines it copies
+        into an output (the merge). The resume scan, the budget and the statistics need not be: what they write
+        goes through write_json's redaction, and a line costs ~10 µs more to search for the secrets (10 KB)."""
+        return RunReader(self.dir, self.redact if redacted else (), self.tool_set)
 
     def prepare(self) -> None:
         """Create the directory and cut torn last lines a kill left in the files we append to."""
@@ -75,12 +82,7 @@ class RunFiles:
             raise
         # A redacted line, one with a lone surrogate (written as U+FFFD), or one the merge filters is read back
         # like any other.
-        if (
-            not kept
-            or written is not text
-            or trajectory_problem(obj) is not None
-            or unknown_tools(obj["conversations"], self.known_tools)
-        ):
+        if not kept or written is not text or why_skipped("trajectory", obj, self.known_tools) is not None:
             return False
         length = os.fstat(f.fileno()).st_size - size
         self.accounted.setdefault(path, {})[size] = length
@@ -104,21 +106,6 @@ class RunFiles:
         """Replace a JSON file of the run atomically, redacted and without lone surrogates as every line."""
         text = scrub(self.redact(json.dumps(obj, indent=2, ensure_ascii=False)))
         atomic.write_text(self.paths.path(name), text + "\n")
-
-
-def recorded_tools(paths: RunPaths) -> ToolSet | None:
-    """The tool set the run recorded (tools.json); None for a run from before it was kept, or a file not of it."""
-    return ToolSet.from_record(read_json(paths.path(TOOLS)))
-
-
-def read_json(path: str) -> dict | None:
-    """A JSON object file; None if it is missing, unreadable or anything but an object."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _dumps(obj: dict) -> str:

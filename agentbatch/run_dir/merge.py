@@ -1,7 +1,8 @@
 """trajectories.jsonl: every batch file's trajectories, merged in numeric order, written atomically.
 
-Lines that are not JSON, not trajectories (record_shape.py) or call tools outside every toolset are dropped
-and counted. A few lead entries come first, together showing a value of every kind the file holds (a tool
+Lines that do not count (record_shape.why_skipped: not JSON, not trajectories, calling a tool the run does not
+have) are dropped and counted; lines of earlier sessions are read back through the session's reader, redacted
+of its secrets. A few lead entries come first, together showing a value of every kind the file holds (a tool
 call, logprobs, a reward...: trajectory.VALUE_KINDS): `datasets` fixes the schema from the file's first
 block, and a kind it has not seen there fails the load. They are taken from the newest batches first, whose
 lines carry every field a line can have (a resumed run may begin with lines written before a field existed).
@@ -13,46 +14,40 @@ import json
 import os
 from collections.abc import Callable
 
-from agentbatch.record_shape import trajectory_problem
 from agentbatch.run_dir import atomic, lines
 from agentbatch.run_dir.files import RunFiles
-from agentbatch.run_dir.lines import ACCOUNTED, NOT_JSON, ReadCounts
+from agentbatch.run_dir.lines import ACCOUNTED, ReadCounts
 from agentbatch.run_dir.paths import TRAJECTORIES
+from agentbatch.run_dir.reader import RunReader
 from agentbatch.surrogates import has_escaped_surrogate, scrub_json
-from trajectory import VALUE_KINDS, may_show, shown_kinds, unknown_tools, with_tool_names
+from trajectory import VALUE_KINDS, may_show, shown_kinds, with_tool_names
 
 
 def merge(files: RunFiles, on_record: Callable[[dict], None] | None = None) -> ReadCounts:
     """Write trajectories.jsonl; `on_record` gets every kept trajectory the session did not account for itself."""
     counts = ReadCounts()
-    leads = _lead_entries(files)
+    reader = files.reader(redacted=True)  # lines of earlier sessions are copied: redacted of this one's secrets
+    leads = _lead_entries(files, reader)
     with atomic.replacing(files.paths.path(TRAJECTORIES)) as out:
         for raw in leads.values():
             out.write(raw)
-        for path in files.paths.batches():
-            for offset, raw, record in lines.read(path, counts, accounted=files.accounted.get(path)):
-                if record is ACCOUNTED:  # written by this session, checked when it was (see RunFiles.append)
-                    line = raw
-                elif record is NOT_JSON:
-                    counts.not_json += 1
-                    continue
-                elif trajectory_problem(record) is not None:
-                    counts.malformed += 1
-                    continue
-                elif unknown_tools(record["conversations"], files.known_tools):
-                    counts.unknown_tool += 1
-                    continue
-                else:
-                    line = _merged_line(raw, record, files)
-                    if on_record:
-                        on_record(record)
-                if (path, offset) not in leads:
-                    out.write(line if line.endswith(b"\n") else line + b"\n")
-                counts.trajectories += 1
+        for path, offset, raw, record in reader.raw_lines("trajectory", counts, accounted=files.accounted):
+            if record is ACCOUNTED:  # written by this session, checked when it was (see RunFiles.append)
+                line = raw
+            elif (why := reader.why_skipped("trajectory", record)) is not None:
+                counts.skip(why)
+                continue
+            else:
+                line = _merged_line(raw, record, files)
+                if on_record:
+                    on_record(record)
+            if (path, offset) not in leads:
+                out.write(line if line.endswith(b"\n") else line + b"\n")
+            counts.trajectories += 1
     return counts
 
 
-def _lead_entries(files: RunFiles) -> dict[tuple[str, int], bytes]:
+def _lead_entries(files: RunFiles, reader: RunReader) -> dict[tuple[str, int], bytes]:
     """(batch path, offset) → line of the entries the merge keeps that show a kind no other lead did.
 
     A batch file this session wrote alone is not read: append noted where each kind first shows in it,
@@ -67,11 +62,11 @@ def _lead_entries(files: RunFiles) -> dict[tuple[str, int], bytes]:
             if not missing:
                 return leads
             continue
-        for offset, raw, _ in lines.read(path, parse=None):
+        for offset, raw, _ in reader.read(path, parse=None):
             if not may_show(raw, missing):
                 continue  # most lines: no JSON parsing
             record = lines.json_value(raw)
-            if trajectory_problem(record) is not None or unknown_tools(record["conversations"], files.known_tools):
+            if reader.why_skipped("trajectory", record) is not None:
                 continue
             new = shown_kinds(record) & missing
             if new:

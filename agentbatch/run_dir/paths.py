@@ -1,9 +1,11 @@
-"""The names of a run directory's files: the only place that spells them (docs/output.md)."""
+"""The names of a run directory's files, and where a run's directory is: the only place that spells them
+(docs/output.md)."""
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 
 TRAJECTORIES = "trajectories.jsonl"
 DISCARDED = "discarded.jsonl"
@@ -19,7 +21,21 @@ ARTIFACTS = (
 EXPORT = "export"  # export/<format>/ and export/report.json
 EXPORT_REPORT = "report.json"
 EXPORT_LOCK = "export.lock"  # in export/: held by the export writing there (run_dir/lock.py)
+REPORT = "report.html"  # --report (docs/report.md)
+COMPARE = "compare.html"  # --compare: the run and others side by side
 _BATCH = re.compile(r"^batch_(\d+)\.jsonl$")
+
+
+def run_path(output_dir: str | os.PathLike, run_name: str) -> str:
+    """The directory of the run --run_name names (a plain name, flag_checks.run_name) under --output_dir."""
+    return os.path.join(output_dir, run_name)
+
+
+def named_run(output_dir: str | os.PathLike, name: str) -> str:
+    """A run named by --compare: a name under --output_dir, or a run directory's own path."""
+    if os.sep in name or name.startswith("."):
+        return os.path.expanduser(name)
+    return run_path(output_dir, name)
 
 
 class RunPaths:
@@ -35,12 +51,34 @@ class RunPaths:
         return self.path(f"batch_{n}.jsonl")
 
     def batch_numbers(self) -> list[int]:
-        """The existing batch files' numbers, ascending."""
+        """The existing batch files' numbers, ascending: regular files only (a directory or a FIFO of that name
+        is no batch file, and opening a FIFO would wait forever; `odd_files` names them)."""
+        return sorted(n for n, regular in self._batch_names() if regular)
+
+    def next_batch(self) -> int:
+        """The number a new session's first batch file gets: past every name of one, regular file or not."""
+        return max((n for n, _ in self._batch_names()), default=-1) + 1
+
+    def odd_files(self) -> list[tuple[str, str]]:
+        """(name, what it is) of each entry named like one of the run's files that is not a regular file."""
+        out = []
+        for name in sorted(self._listing()):
+            if _BATCH.match(name) or name in _FILES:
+                what = _kind(os.path.join(self.dir, name))
+                if what is not None:
+                    out.append((name, what))
+        return out
+
+    def _batch_names(self) -> list[tuple[int, bool]]:
+        return [
+            (int(m.group(1)), _kind(self.path(name)) is None) for name in self._listing() if (m := _BATCH.match(name))
+        ]
+
+    def _listing(self) -> list[str]:
         try:
-            names = os.listdir(self.dir)
+            return os.listdir(self.dir)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(int(m.group(1)) for name in names if (m := _BATCH.match(name)))
 
     def batches(self) -> list[str]:
         """The existing batch files, in numeric order (the order of trajectories.jsonl)."""
@@ -61,3 +99,23 @@ class RunPaths:
     def export(self, name: str = "") -> str:
         """export/, or a format's folder or a file in it."""
         return os.path.join(self.dir, EXPORT, name) if name else os.path.join(self.dir, EXPORT)
+
+
+_FILES = frozenset((TRAJECTORIES, DISCARDED, FAILED, CHECKPOINT, STATISTICS, TOOLS))
+
+
+def _kind(path: str) -> str | None:
+    """None for a regular file (or a symlink to one), else what the entry is, in words."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a dangling symbolic link" if os.path.islink(path) else None  # gone meanwhile: nothing to say
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"

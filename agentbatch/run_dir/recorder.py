@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentbatch.run_dir import artifacts
-from agentbatch.run_dir.files import RunFiles, read_json
+from agentbatch.run_dir.files import RunFiles
 from agentbatch.run_dir.paths import CHECKPOINT, DISCARDED, FAILED
+from agentbatch.run_dir.reader import read_json
 from agentbatch.work import now_iso
 from trajectory import no_task, with_tool_names
 

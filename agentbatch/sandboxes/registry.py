@@ -1,8 +1,8 @@
 """The sandbox backends by name: importing a backend's module registers it (`@backend("name")`).
 
 A new kind of sandbox is one module with one registered class (docs/sandboxes.md), imported by the
-plug-in loader (agentbatch/plugins.py) as the built-ins are; `--sandbox` accepts exactly the registered
-names, and a sample's sandbox comes from `get(spec.kind)`.
+plug-in loader (agentbatch/plugins.py) as the built-ins are, into the one Registry of backends (BACKENDS);
+`--sandbox` accepts exactly the registered names, and a sample's sandbox comes from `get(spec.kind)`.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from agentbatch import plugins
+from agentbatch.registry import Registry, origin_of
 from agentbatch.sandboxes.base import Backend
 
-_classes: dict[str, type[Backend]] = {}
+BACKENDS: Registry[type[Backend]] = Registry("sandbox backend")
 _instances: dict[str, Backend] = {}
 _lock = threading.Lock()
 
@@ -24,12 +24,9 @@ def backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
     def register(cls: type[Backend]) -> type[Backend]:
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
             raise TypeError(f"sandbox backend {name!r}: {cls!r} is not a subclass of agentbatch.sandboxes.base.Backend")
-        known = _classes.get(name)
-        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"sandbox backend {name!r} is registered twice: {known.__module__} and {cls.__module__}")
+        BACKENDS.add(name, cls, origin_of(cls))
         cls.name = name
         with _lock:
-            _classes[name] = cls
             _instances.pop(name, None)  # a module imported again replaces its class
         return cls
 
@@ -37,17 +34,17 @@ def backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
 
 
 def names() -> tuple[str, ...]:
-    """Every registered kind: the built-ins in the loader's order, then the plug-ins' as they registered."""
-    plugins.load()
-    order = {module: i for i, module in enumerate(plugins.BUILTINS)}
-    return tuple(sorted(_classes, key=lambda name: order.get(_classes[name].__module__, len(order))))
+    """Every registered kind, in the order they registered: the built-ins in the loader's order, then plug-ins'."""
+    return BACKENDS.names()
 
 
 def get(name: str) -> Backend:
     """This process's instance of the backend `name`; KeyError if no module registered it."""
-    plugins.load()
     with _lock:
         found = _instances.get(name)
         if found is None:
-            found = _instances[name] = _classes[name]()
+            cls = BACKENDS.get(name)
+            if cls is None:
+                raise KeyError(name)
+            found = _instances[name] = cls()
         return found

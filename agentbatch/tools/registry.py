@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from agentbatch import plugins
+from agentbatch.registry import Registered, Registry, origin_of
 from agentbatch.sandboxes.base import SandboxLost
 from agentbatch.surrogates import scrub
 from agentbatch.tools.context import ToolContext
@@ -128,7 +128,6 @@ class Tool:
         return out
 
 
-_REGISTRY: dict[str, Tool] = {}
 _SCHEMAS: dict[str, tuple[Tool, dict]] = {}
 
 
@@ -185,24 +184,29 @@ def register(t: Tool) -> None:
 
 
 def _register(t: Tool) -> None:
-    known = _REGISTRY.get(t.name)
-    if known is not None and _origin(known) != _origin(t):
-        where = (
-            "the built-in tool" if known.name in TOOLSET_OF and _origin(known).startswith("agentbatch.") else "the tool"
-        )
-        raise ToolDeclarationError(
-            f"tool {t.name!r} of {_origin(t)} clashes with {where} {t.name!r} of {_origin(known)} "
-            f"(toolset {known.toolset!r}); rename one"
-        )
+    TOOLS.add(t.name, t, _origin(t))
+
+
+def _clash(name: str, known: Registered[Tool], new: Registered[Tool]) -> Exception:
+    builtin = name in TOOLSET_OF and known.origin.startswith("agentbatch.")
+    return ToolDeclarationError(
+        f"tool {name!r} of {new.origin} clashes with {'the built-in tool' if builtin else 'the tool'} {name!r} of "
+        f"{known.origin} (toolset {known.item.toolset!r}); rename one"
+    )
+
+
+def _check_toolset(t: Tool) -> None:
     if t.toolset in TOOLSETS and t.name not in TOOLSET_OF:  # the built-in distributions mean the built-in tools
         raise ToolDeclarationError(
             f"toolset {t.toolset!r} of {_origin(t)} is a built-in toolset's name; choose another"
         )
-    _REGISTRY[t.name] = t
 
 
 def _origin(t: Tool) -> str:
-    return t.origin or f"{t.function.__module__}.{t.function.__qualname__}"
+    return t.origin or origin_of(t.function)
+
+
+TOOLS: Registry[Tool] = Registry("tool", clash=_clash, check=_check_toolset)
 
 
 def _params(fn: Callable) -> tuple[Param, ...]:
@@ -266,12 +270,12 @@ def _convert(p: Param, value: Any) -> Any:
 
 def load_tools() -> dict[str, Tool]:
     """Every tool, by name: the built-ins in their table's order, then the plug-ins' (plugins.load imports them)."""
-    plugins.load()
-    missing = set(ALL_TOOL_NAMES) - set(_REGISTRY)
+    registered = TOOLS.items()
+    missing = set(ALL_TOOL_NAMES) - set(registered)
     if missing:
         raise RuntimeError(f"tools declared in a toolset but by no module: {sorted(missing)}")
-    builtins = {name: _REGISTRY[name] for name in ALL_TOOL_NAMES}
-    return {**builtins, **{n: t for n, t in _REGISTRY.items() if n not in builtins}}
+    builtins = {name: registered[name] for name in ALL_TOOL_NAMES}
+    return {**builtins, **{n: t for n, t in registered.items() if n not in builtins}}
 
 
 def toolsets() -> dict[str, tuple[str, ...]]:

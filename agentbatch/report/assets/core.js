@@ -43,22 +43,32 @@ function str(code) {
   return code === null || code === undefined || code < 0 ? null : IX.strings[code];
 }
 
+// The formats take any value a line may hold: a number is formatted, anything else (a hand-edited "0.50", an
+// object) is shown as the text it is, so no line's odd field keeps its view from being drawn.
 const NUMBER = new Intl.NumberFormat("en-US");
+function asText(x) {
+  return typeof x === "string" ? x : JSON.stringify(x);
+}
+function isNumber(x) {
+  return typeof x === "number" && Number.isFinite(x);
+}
 function fmtInt(n) {
-  return n === null || n === undefined ? "–" : NUMBER.format(n);
+  return n === null || n === undefined ? "–" : isNumber(n) ? NUMBER.format(n) : asText(n);
 }
 function fmtPct(x, digits = 1) {
-  return x === null || x === undefined ? "–" : (x * 100).toFixed(digits) + "%";
+  return x === null || x === undefined ? "–" : isNumber(x) ? (x * 100).toFixed(digits) + "%" : asText(x);
 }
 function fmtNum(x, digits = 3) {
-  return x === null || x === undefined ? "–" : Number(x).toFixed(digits);
+  return x === null || x === undefined ? "–" : isNumber(x) ? x.toFixed(digits) : asText(x);
 }
 function fmtCost(x) {
   if (x === null || x === undefined) return "–";
+  if (!isNumber(x)) return asText(x);
   return "$" + (x >= 100 ? x.toFixed(0) : x >= 1 ? x.toFixed(2) : x.toFixed(4));
 }
 function fmtSecs(s) {
   if (s === null || s === undefined) return "–";
+  if (!isNumber(s)) return asText(s);
   if (s < 60) return s.toFixed(1) + " s";
   if (s < 3600) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
   return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";

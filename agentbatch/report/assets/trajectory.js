@@ -4,7 +4,7 @@
 const SHOWN_CHARS = 20000; // a longer text shows its start and a button for the rest
 
 function textBlock(text, cls) {
-  text = text === null || text === undefined ? "" : String(text);
+  text = text === null || text === undefined ? "" : asText(text);
   const pre = el("pre", { class: "text " + (cls || "") });
   if (text.length <= SHOWN_CHARS) {
     pre.textContent = text;
@@ -26,8 +26,13 @@ function facts(pairs) {
   return el(
     "dl",
     { class: "facts" },
-    pairs.filter(([, v]) => v !== null && v !== undefined && v !== "").map(([k, v]) => [el("dt", { text: k }), el("dd", null, v)]),
+    pairs.filter(([, v]) => v !== null && v !== undefined && v !== "").map(([k, v]) => [el("dt", { text: k }), el("dd", null, v instanceof Node ? v : asText(v))]),
   );
+}
+
+// A list of names as one text (a field of another shape, in a hand-edited line, as the text it is).
+function names(list) {
+  return Array.isArray(list) ? list.map(asText).join(", ") : list === null || list === undefined ? null : asText(list);
 }
 
 function splitThink(value) {
@@ -165,6 +170,17 @@ async function renderTrajectory(id, pane) {
     return;
   }
   if (selected !== id) return; // another was chosen meanwhile
+  try {
+    drawTrajectory(id, it, p, pane);
+  } catch (e) {
+    // A line of a shape no view expects (a hand edit, another tool): shown as the JSON it holds, never left opening.
+    pane.replaceChildren(
+      el("article", { class: "trajectory", data: { id } }, el("div", { class: "detail-head" }, el("h2", { text: `Prompt #${it.pindex ?? "?"} · sample ${it.sample}` }), el("p", { class: "muted", text: `${it.file}, line ${it.line}: a field of another shape (${e.message || e}); the line as it is:` })), textBlock(JSON.stringify(p, null, 2))),
+    );
+  }
+}
+
+function drawTrajectory(id, it, p, pane) {
   const [word, cls] = outcomeOf(it);
   const run = DATA.runs[it.run];
   const head = el(
@@ -176,7 +192,7 @@ async function renderTrajectory(id, pane) {
   const meta = p.metadata && typeof p.metadata === "object" ? p.metadata : {};
   if (it.kind === "failed") {
     pane.replaceChildren(
-      el("article", { class: "trajectory", data: { id } }, head, section("Error", textBlock(p.error, "error")), section("Prompt", textBlock(p.prompt)), section("Usage", usageFacts(p, it)), section("Attempt", facts([["model", p.model], ["timestamp", p.timestamp], ["batch", p.batch_num], ["toolsets", (p.toolsets_used || []).join(", ")]]))),
+      el("article", { class: "trajectory", data: { id } }, head, section("Error", textBlock(p.error, "error")), section("Prompt", textBlock(p.prompt)), section("Usage", usageFacts(p, it)), section("Attempt", facts([["model", p.model], ["timestamp", p.timestamp], ["batch", p.batch_num], ["toolsets", names(p.toolsets_used)]]))),
     );
     return;
   }
@@ -192,8 +208,8 @@ async function renderTrajectory(id, pane) {
         ["model", meta.model],
         ["finished", meta.timestamp],
         ["batch", meta.batch_num],
-        ["toolsets", (p.toolsets_used || []).join(", ")],
-        ["tools offered", (p.tools_offered || []).join(", ")],
+        ["toolsets", names(p.toolsets_used)],
+        ["tools offered", names(p.tools_offered)],
         ["tool calls", Object.entries(p.tool_stats || {}).map(([n, s]) => `${n} ${s.count}` + (s.failure ? ` (${s.failure} failed)` : "")).join(", ")],
         ["row identity", typeof p.identity === "string" ? p.identity : null],
         ...other.map(([k, v]) => [k, typeof v === "string" ? v : JSON.stringify(v)]),

@@ -1,19 +1,46 @@
-"""Whether a line read back from a run's files has the shape the resume scan, the merge and the statistics rely on.
+"""Which lines of a run count, and as what: the one rule every reader of a run applies (run_dir/reader.py, the
+merge, the session's appends, the resume scan, the statistics, the budget, the exports, the report).
 
 A line can be valid JSON and still not be a trajectory: `[1]`, `{"a": 1}`, `{"conversations": "x"}`,
 `"tool_stats": "bad"`, written by hand, by another tool, or by a bug. Such a line is dropped and counted
 (docs/output.md), never trusted: one would crash the statistics, and one in trajectories.jsonl would
 break its schema for `datasets`. Only the fields the runner writes are checked, and only their types, so
-lines of older versions (without the newer fields) and fields added later by others still pass.
+lines of older versions (without the newer fields) and fields added later by others still pass. A trajectory
+that calls a tool the run does not have (tools.json: the built-ins and its own) is dropped and counted too.
+The Parquet export applies the same rule to Arrow's columns (export/parquet_columns.py, tested equal).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
+from agentbatch.run_dir.lines import NOT_JSON
+from trajectory import unknown_tools
+
+# What a line is: a trajectory of a batch file, a discarded sample, or a failed attempt.
+KINDS = ("trajectory", "discarded", "failed")
 TURN_ROLES = ("human", "gpt", "tool", "system")
 _COUNTS = ("count", "success", "failure")
 _TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def why_skipped(kind: str, value: Any, known: Collection[str]) -> str | None:
+    """Why a parsed line of a file of this kind does not count (a ReadCounts field: "not_json", "malformed",
+    "unknown_tool"), or None when it does. `value` is lines.json_value's; `known`: the run's tools.
+
+    A trajectory or a discard is a trajectory-shaped line (a discard's tools are not checked: it was never kept);
+    a failed attempt is any JSON object (its usage was paid for; one without a prompt is still shown).
+    """
+    if value is NOT_JSON:
+        return "not_json"
+    if kind == "failed":
+        return None if type(value) is dict else "malformed"
+    if trajectory_problem(value) is not None:
+        return "malformed"
+    if kind == "trajectory" and unknown_tools(value["conversations"], known):
+        return "unknown_tool"
+    return None
 
 
 def trajectory_problem(record: Any) -> str | None:
