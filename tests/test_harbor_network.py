@@ -1,7 +1,7 @@
 """A task's network policies through the real CLI and real Docker (docs/harbor.md, "Network policies"): an
 allowlist lets the agent's container reach one host and refuses the other, both hosts run by the test itself on a
 network of the task's own (never a real address); the agent's phase and the verifier's are switched as Harbor
-switches them; no raw socket goes around the rules; a policy this machine cannot enforce refuses the task before
+switches them, and a separate verifier's network reaches none of the agent's; no raw socket goes around the rules; a policy this machine cannot enforce refuses the task before
 any token is spent."""
 
 from __future__ import annotations
@@ -79,13 +79,21 @@ def test_an_allowlist_reaches_its_host_refuses_the_other_and_each_phase_gets_its
         verifier_phase='network_mode = "allowlist"\nallowed_hosts = ["refused-host"]\n',
     )
     policy_task(root, "public", "ok ok ok raw", "ok ok ok raw")  # no policy: nothing controlled
+    # A separate verifier's network is set apart from the agent's: none of the sample's services, by any name.
+    policy_task(
+        root,
+        "separate",
+        "ok ok ok raw",
+        "refused refused refused raw",
+        verifier_phase='environment_mode = "separate"\n',
+    )
     out = tmp_path / "out"
 
     done = harbor_run(root, out, docker_run_name, "--model=oracle")
 
     assert done.returncode == 0, done.stderr
     lines = by_task(RunDir(out / docker_run_name).trajectories())
-    for name in ("allowlist", "phases", "public"):
+    for name in ("allowlist", "phases", "public", "separate"):
         assert lines[name]["passed"], (name, lines[name]["check"]["output"])
     assert nothing_left(out / docker_run_name), labelled(out / docker_run_name)
 

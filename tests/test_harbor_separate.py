@@ -1,7 +1,7 @@
 """A verifier the agent never touched ([verifier] environment_mode = "separate"), the task's users and its artifacts,
 through the real CLI and real Docker (docs/harbor.md, "A separate verifier"): a file the agent planted is seen by
 a shared verifier and not by a separate one, which gets the collected artifacts alone; its image is the task's
-own, or built from tests/ as Harbor builds it; the agent's commands run as [agent] user and the tests as
+own, or built from tests/ as Harbor builds it, with the verifier's own variables and limits; the agent's commands run as [agent] user and the tests as
 [verifier] user; the artifacts are kept per sample in the run directory and shown in the report, with samples,
 pass@k, resume and exports as for any task."""
 
@@ -30,6 +30,8 @@ ok=1
 [ "$(cat /logs/artifacts/agent-uid)" = 65534 ] || { echo "the agent was not nobody"; ok=0; }
 [ "$(id -u)" = 0 ] || { echo "the tests are not root"; ok=0; }
 [ "${VERIFIER_OWN:-shared}" = "${EXPECT_OWN:-shared}" ] || { echo "not the verifier's own environment"; ok=0; }
+memory=$(cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes)
+[ -z "$EXPECT_MEMORY" ] || [ "$memory" = "$EXPECT_MEMORY" ] || { echo "not the verifier's own limits: $memory"; ok=0; }
 echo $ok > /logs/verifier/reward.txt
 """
 USERS = '[agent]\nuser = "nobody"\n[verifier]\nuser = "root"\n'
@@ -43,8 +45,11 @@ def test_only_a_separate_verifier_misses_the_planted_file_and_gets_the_artifacts
     root = tmp_path / "tasks"
     write_task(root, "shared", TEST, SOLVE, toml=USERS + ENV, top=TOP)
     # No [verifier.environment] docker_image and no tests/Dockerfile: the task's own image, tests/ copied in; the
-    # verifier's own variables and working directory.
-    own = '[verifier.environment]\nenv = { VERIFIER_OWN = "yes" }\nworkdir = "/work"\n'
+    # verifier's own variables, working directory and limits (256 MiB: the agent's container has none).
+    own = (
+        '[verifier.environment]\nenv = { VERIFIER_OWN = "yes", EXPECT_MEMORY = "268435456" }\nworkdir = "/work"\n'
+        "memory_mb = 256\n"
+    )
     write_task(
         root, "separate-own-image", TEST.replace("${EXPECT_OWN:-shared}", "yes"), SOLVE, toml=USERS + ENV + own, top=TOP
     )
