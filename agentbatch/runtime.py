@@ -113,7 +113,10 @@ class Runtime:
         if not own:
             return
         if self._executor is not None:
-            raise RuntimeError("the entries' own toolsets are added before the executor starts")
+            raise FatalError(
+                f"the dataset's own toolsets ({', '.join(own)}) join a run before its workers start: "
+                "this Runtime's have; use a new Runtime for this dataset"
+            )
         self.cfg = dataclasses.replace(self.cfg, tool_set=self.cfg.tool_set.with_toolsets(own))
 
     def executor(self) -> Executor:
