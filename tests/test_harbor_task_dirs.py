@@ -73,21 +73,22 @@ memory = "2G"
 storage = "512M"
 gpus = 0
 network_mode = "no-network"
-env = { TOKEN = "${HOST_TOKEN}", MODE = "x" }
+env = { TOKEN = "${BR_TEST_UNSET_TOKEN:-fallback}", MODE = "x", TEXT = "a${X}b" }
 skills_dir = "/skills"
 [verifier.environment]
 docker_image = "x:1"
 flavour = "odd"
 """
     cfg, warnings = parse(text)
-    assert (cfg.memory_mb, cfg.storage_mb, cfg.env) == (2048, 512, {"MODE": "x"})
+    # As Harbor's resolve_env_vars: a template's default where this machine does not set the variable; a value that is
+    # not one template, a literal.
+    assert (cfg.memory_mb, cfg.storage_mb, cfg.env) == (2048, 512, {"TOKEN": "fallback", "MODE": "x", "TEXT": "a${X}b"})
     assert cfg.environment.network == Policy("no-network")
     assert "unknown field 'flavour' ignored" in warnings
     assert "unknown field [agent] run_tests_in_same_shell ignored" in warnings
     # Never a task.toml field: Harbor's agent setup limit is a constant of its own (trial.py).
     assert "unknown field [agent] setup_timeout_sec ignored" in warnings
     assert "unknown field [verifier.environment] flavour ignored" in warnings
-    assert any("env TOKEN is not set" in w for w in warnings)
     assert any(w.startswith("[environment] skills_dir is not applied") for w in warnings)
 
 
@@ -251,9 +252,24 @@ def test_a_multi_step_task_is_refused():
         ("[environment]\nmcp_servers = [{ name = 'x', transport = 'stdio' }]\n", "a command is required"),
         ("[environment]\nmcp_servers = [{ name = 'a b', url = 'http://h/' }]\n", "mcp_servers name 'a b'"),
         ("[environment]\nhealthcheck = { interval_sec = 1 }\n", "[environment] healthcheck needs a command"),
+        # A value of this machine's environment never enters a container (Harbor's would be passed in).
+        (
+            "[verifier]\nenv = { K = '${BR_TEST_SET_VAR}' }\n",
+            "[verifier] env K takes ${BR_TEST_SET_VAR} from the host, which is set on this machine",
+        ),
+        (
+            "[environment]\nenv = { K = '${BR_TEST_SET_VAR:-d}' }\n",
+            "[environment] env K takes ${BR_TEST_SET_VAR} from the host, which is set",
+        ),
+        (
+            "[solution]\nenv = { K = '${BR_TEST_UNSET_VAR}' }\n",
+            "[solution] env K takes ${BR_TEST_UNSET_VAR} from the host, which has no default",
+        ),
     ],
 )
-def test_an_unusable_task_toml_is_one_line_reason(text, reason):
+def test_an_unusable_task_toml_is_one_line_reason(text, reason, monkeypatch):
+    monkeypatch.setenv("BR_TEST_SET_VAR", "a value of the machine's")
+    monkeypatch.delenv("BR_TEST_UNSET_VAR", raising=False)
     with pytest.raises(TaskError) as e:
         parse(text)
     assert reason in str(e.value) and "\n" not in str(e.value)

@@ -190,14 +190,14 @@ def parse(text: str) -> tuple[TaskConfig, list[str]]:
     cfg.environment = environment(tables["environment"], "[environment]", warnings)
     _verifier(cfg, verifier, warnings)
     cfg.artifacts = f.artifacts(raw)
-    cfg.solution_env = f.env(tables["solution"], "[solution]", warnings)
+    cfg.solution_env = f.env(tables["solution"], "[solution]")
     return cfg, warnings
 
 
 def _verifier(cfg: TaskConfig, verifier: dict, warnings: list[str]) -> None:
     """[verifier]: its time limit, env, user, network override, mode and own environment, collect hooks."""
     cfg.verifier_timeout = f.number(verifier, "timeout_sec", "[verifier]", MAX_SECONDS) or DEFAULT_VERIFIER_TIMEOUT
-    cfg.verifier_env = f.env(verifier, "[verifier]", warnings)
+    cfg.verifier_env = f.env(verifier, "[verifier]")
     cfg.verifier_user = f.user(verifier, "[verifier]")
     cfg.verifier_network = f.phase_policy(verifier, "[verifier]")
     cfg.collect = f.collect(verifier)
@@ -224,7 +224,7 @@ def environment(env: dict, section: str, warnings: list[str]) -> EnvConfig:
         storage_mb=f.megabytes(env, "storage_mb", "storage", section),
         network=f.baseline(env, section),
         workdir=f.text(env, "workdir", section),
-        env=f.env(env, section, warnings),
+        env=f.env(env, section),
         healthcheck=f.healthcheck(env, section),
         mcp_servers=f.mcp_servers(env, section),
         skills_dir=f.text(env, "skills_dir", section),

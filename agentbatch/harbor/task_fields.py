@@ -8,6 +8,7 @@ that Harbor's validation rejects is rejected here with Harbor's reason.
 from __future__ import annotations
 
 import ipaddress
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ _SIZE = re.compile(r"^\s*([0-9]{1,12}(?:\.[0-9]{1,12})?)\s*([KMG])\s*$", re.IGNO
 _HOST_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 _SERVICE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # it names the server's toolset (mcp/config.py)
+_TEMPLATE = re.compile(
+    r"\$\{([^}:]+)(?::-(.*))?\}"
+)  # a value that is one ${VAR} or ${VAR:-default} (Harbor's utils/env)
 
 
 class TaskError(Exception):
@@ -327,8 +331,9 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-def env(table: dict, section: str, warnings: list[str]) -> dict[str, str]:
-    """A table of environment variables; ${VAR} templates (read from the host) are left out: no host value leaks."""
+def env(table: dict, section: str) -> dict[str, str]:
+    """A table of environment variables, templates resolved as Harbor's resolve_env_vars does as far as no value of
+    this machine's enters a container (_resolved); any other value is a literal, as in Harbor."""
     value = table.get("env", {})
     if not isinstance(value, dict):
         raise TaskError(f"{section} env must be a table of strings")
@@ -338,9 +343,22 @@ def env(table: dict, section: str, warnings: list[str]) -> dict[str, str]:
             raise TaskError(f"{section} env {key} must be a string")
         if isinstance(val, int) and abs(val) >= 10**18:  # str() of a 5,000-digit integer raises
             raise TaskError(f"{section} env {key} must be a string")
-        shown = str(val)
-        if "${" in shown:
-            warnings.append(f"{section} env {key} is not set: host variables (${{...}}) are not passed in")
-            continue
-        out[str(key)] = shown
+        out[str(key)] = _resolved(str(val), section, str(key))
     return out
+
+
+def _resolved(value: str, section: str, key: str) -> str:
+    """A value that is one template gets, in Harbor, the host's variable, else its default, else fails the trial:
+    here its default when this machine does not set the variable; otherwise the task is refused (TaskError), since
+    this runner passes nothing of the machine's environment into a container."""
+    template = _TEMPLATE.fullmatch(value)
+    if template is None:
+        return value
+    name, default = template.group(1), template.group(2)
+    if default is not None and name not in os.environ:
+        return default
+    why = "is set on this machine" if name in os.environ else "has no default"
+    raise TaskError(
+        f"{section} env {key} takes ${{{name}}} from the host, which {why}: this runner passes no value of the "
+        "machine's environment into a container (write the value, or a ${VAR:-default} for an unset VAR)"
+    )
