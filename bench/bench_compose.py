@@ -1,4 +1,4 @@
-"""(21) What a Harbor task's environment costs a sample to start and remove (issue 36): one container, one with its
+"""(26) What a Harbor task's environment costs a sample to start and remove (issue 36): one container, one with its
 egress controlled (firewall rules set from the host), and a Compose project of main alone and of main with a web
 service that has a healthcheck (1 s interval) main depends on.
 
@@ -64,7 +64,7 @@ def main(rounds: int) -> None:
                 times[name][1].append(time.monotonic() - made)
     base = statistics.median(times["one container"][0])
     load = os.getloadavg()[0]
-    print(f"(21) a sample's environment, median of {rounds} (load {load:.1f}): start to first command, removal")
+    print(f"(26) a sample's environment, median of {rounds} (load {load:.1f}): start to first command, removal")
     for name, (start, stop) in times.items():
         s, r = statistics.median(start), statistics.median(stop)
         print(f"  {name:46s} {s:6.2f} s  ({s / base:4.1f}x one container)   removed in {r:5.2f} s")
