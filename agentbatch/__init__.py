@@ -4,6 +4,7 @@
     from agentbatch import Sandbox, ExecResult    # the sandbox a tool gets (docs/sandboxes.md)
     from agentbatch import dataset_format, Entry  # your own dataset formats (docs/datasets.md)
     from agentbatch import TaskHooks, HookContext, CheckResult, TaskLimits, ImageBuild, Resources, RunContext
+    from agentbatch import Egress, ComposeProject  # a sample's egress policy, its several containers
     from agentbatch import register_model, Model, Reply, ScriptedModel   # models without an endpoint
 
 The names are looked up when first used, so importing one part of the package does not import them all.
@@ -27,6 +28,8 @@ _PUBLIC = {
     "TaskLimits": "agentbatch.limits",
     "ImageBuild": "agentbatch.sandboxes.base",
     "Resources": "agentbatch.sandboxes.base",
+    "Egress": "agentbatch.sandboxes.base",
+    "ComposeProject": "agentbatch.sandboxes.base",
     "RunContext": "agentbatch.dataset_steps",
     "register_model": "agentbatch.model.registry",
     "Model": "agentbatch.model.base",

@@ -3,8 +3,10 @@
 Before any sample starts (`prepare`): the format's own `prepare` if it has one, then every entry's own time
 limits bounded by the run's flags, then the images and builds the entries name made ready by their backend
 (`Backend.prepare_all`: images built once, in parallel), each entry taking the image its samples run in and,
-when that could not be had, the reason its samples fail at once. At the session's end (`at_end`): the
-format's `at_end`, whose lines (a verdict over the run) are printed after the session's summary.
+when that could not be had, the reason its samples fail at once; then the format's `ready` if it has one, which
+may make more images the same way and name toolsets of its entries' own (added to the run's tool set). At the
+session's end (`at_end`): the format's `at_end`, whose lines (a verdict over the run) are printed after the
+session's summary.
 """
 
 from __future__ import annotations
@@ -19,17 +21,27 @@ from agentbatch.errors import FatalError
 from agentbatch.limits import TimeoutBounds
 from agentbatch.model import registry as models
 from agentbatch.sandboxes import registry as sandbox_backends
-from agentbatch.sandboxes.base import Prepared, SandboxSpec
+from agentbatch.sandboxes.base import ImageBuild, Prepared, Resources, SandboxSpec
 from agentbatch.work import RunConfig
 
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a format's steps in the runner get of the run: its directory, its model, where to say things."""
+    """What a format's steps in the runner get of the run: its directory, its model, where to say things; and in
+    `ready`, once the entries' images are made, what it takes to make more and to make a sandbox like a sample's."""
 
     run_dir: str  # data/<run_name>/: read it, or write a file of the format's own (the session holds the lock)
     model: str  # the run's --model
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
+    # `ready` only: images made as the entries' were (their backend's prepare_all, timeouts scaled), in order.
+    make_images: Callable[[list[ImageBuild]], list[Prepared]] | None = None
+    sandbox: SandboxSpec | None = None  # the run's settings, labels and name: `replace` it for a sandbox of its own
+    taken: frozenset[str] = frozenset()  # the run's toolset and tool names, which an entry's own may not reuse
+
+
+# What `ready` returns: the toolsets of the entries' own (name -> its tools, and where they come from), which the
+# run's tool set then holds (tools.json, every line's tool_stats), offered to those entries' samples alone.
+OwnToolsets = dict[str, tuple[tuple[str, ...], str]]
 
 
 def refuse_other_formats(model: str, fmt: DatasetFormat) -> None:
@@ -41,21 +53,43 @@ def refuse_other_formats(model: str, fmt: DatasetFormat) -> None:
 
 def prepare(
     fmt: DatasetFormat, entries: list[Entry], run: RunContext, bounds: TimeoutBounds, cfg: RunConfig, parallel: int
-) -> None:
+) -> OwnToolsets:
     """Everything before any sample starts, on the entries in place (module docstring); `parallel`: how many
-    images may be built at once (--sandbox_starts, else one per core)."""
+    images may be built at once (--sandbox_starts, else one per core). Returns the toolsets of the entries' own."""
     own = getattr(fmt, "prepare", None)
     if own is not None:
         own(entries, run)
     for e in entries:
         e.limits = bounds.bound(e.limits)
-    prepare_sandboxes(entries, bounds, cfg, parallel, lambda line: run.log(f"{fmt.name}: {line}"))
+
+    def log(line: str) -> None:
+        run.log(f"{fmt.name}: {line}")
+
+    prepare_sandboxes(entries, bounds, cfg, parallel, log)
+    ready = getattr(fmt, "ready", None)
+    if ready is None:
+        return {}
+
+    def make_images(builds: list[ImageBuild]) -> list[Prepared]:
+        labels = dict(cfg.sandbox_labels)
+        specs = [
+            SandboxSpec(
+                cfg.sandbox, run_name=cfg.run_name, labels=labels, build=replace(b, timeout=bounds.scaled(b.timeout))
+            )
+            for b in builds
+        ]
+        return sandbox_backends.get(cfg.sandbox.image_kind).prepare_all(specs, parallel, log) if specs else []
+
+    taken = frozenset((*cfg.tool_set.toolsets, *cfg.tool_set.names))
+    spec = SandboxSpec(cfg.sandbox, run_name=cfg.run_name, labels=dict(cfg.sandbox_labels))
+    return ready(entries, replace(run, make_images=make_images, sandbox=spec, taken=taken)) or {}
 
 
 def prepare_sandboxes(
     entries: list[Entry], bounds: TimeoutBounds, cfg: RunConfig, parallel: int, log: Callable[[str], None]
 ) -> None:
-    """Each distinct image or build the entries name, made ready once by its backend; the entries told the outcome.
+    """Each distinct image, build or Compose project the entries name, made ready once by its backend; the entries
+    told the outcome.
 
     An entry takes the image its samples run in (a build's tag), its metadata that image and the engine's id of
     it (the line's `task.image`, `task.image_id`; null without one), and the reason when it could not be had
@@ -68,8 +102,20 @@ def prepare_sandboxes(
             keys.append(None)
             continue
         build = replace(e.build, timeout=bounds.scaled(e.build.timeout)) if e.build else None
-        spec = SandboxSpec(cfg.sandbox, e.image, run_name=cfg.run_name, labels=dict(cfg.sandbox_labels), build=build)
-        keys.append((spec.kind, e.image, e.build))
+        compose = e.resources.compose if e.resources else None  # its services' builds and start: their time limit
+        if compose is not None:
+            compose = replace(compose, timeout=bounds.scaled(compose.timeout))
+            e.resources = replace(e.resources, compose=compose)
+        resources = Resources(compose=compose) if compose else None
+        spec = SandboxSpec(
+            cfg.sandbox,
+            e.image,
+            run_name=cfg.run_name,
+            labels=dict(cfg.sandbox_labels),
+            build=build,
+            resources=resources,
+        )
+        keys.append((spec.kind, e.image, e.build, compose))
         specs.setdefault(keys[-1], spec)
     made: dict[tuple, Prepared] = {}
     for kind in dict.fromkeys(key[0] for key in specs):

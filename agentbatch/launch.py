@@ -99,10 +99,11 @@ def make_session(s: Settings, data: Dataset, runtime: Runtime) -> Session:
 
 def prepare_dataset(s: Settings, data: Dataset, runtime: Runtime) -> dataset_steps.RunContext:
     """The format's steps before any sample: its own prepare, each entry's limits, every image built (as many at
-    once as --sandbox_starts, else one per core); the context its steps in the runner get."""
+    once as --sandbox_starts, else one per core), its ready step; the context its steps in the runner get."""
     context = dataset_steps.RunContext(runtime.run_dir, runtime.model)
     parallel = s.scale.sandbox_starts or os.cpu_count() or 1
-    dataset_steps.prepare(data.format, data.entries, context, s.timeout_bounds(), runtime.cfg, parallel)
+    own = dataset_steps.prepare(data.format, data.entries, context, s.timeout_bounds(), runtime.cfg, parallel)
+    runtime.add_toolsets(own)  # the entries' own (a task's MCP servers): in the run's tool set, offered to them alone
     return context
 
 

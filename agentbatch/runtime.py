@@ -116,6 +116,19 @@ class Runtime:
             return None
         return self._stack.enter_context(tempfile.TemporaryDirectory(prefix="br-state-"))
 
+    def add_toolsets(self, own: dict[str, tuple[tuple[str, ...], str]]) -> None:
+        """Toolsets of the dataset's entries' own (name -> its tools, where they come from; a task's MCP servers,
+        found by its format's ready step) added to the run's tool set, which tools.json and every line's tool_stats
+        then hold. Before the executor starts: its workers get `cfg` as it is then."""
+        if not own:
+            return
+        if self._executor is not None:
+            raise FatalError(
+                f"the dataset's own toolsets ({', '.join(own)}) join a run before its workers start: "
+                "this Runtime's have; use a new Runtime for this dataset"
+            )
+        self.cfg = dataclasses.replace(self.cfg, tool_set=self.cfg.tool_set.with_toolsets(own))
+
     def executor(self) -> Executor:
         """The run's executor, its workers started at the first call and stopped when the Runtime ends."""
         if self._executor is None:

@@ -83,7 +83,7 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
         if task.setup:  # before any model call too: a task whose files cannot be made costs no tokens
             verification.run_setup(ctx, task.setup, check_timeout)
         before = task.hooks.before_agent(hooked) if task.hooks is not None else None
-        tools = offered_tools(task.toolsets, cfg.tools)
+        tools = offered_tools(task.toolsets, cfg.tools) + (task.hooks.tools(hooked, before) if task.hooks else [])
         result = run_agent(
             task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
         )
@@ -118,6 +118,7 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
             duration_seconds=time.monotonic() - start,
         )
         outcome.record = record
+        outcome.files = check.files
         if cfg.require_reasoning and not any(
             has_think_block(t["value"]) for t in record["conversations"] if t["from"] == "gpt"
         ):

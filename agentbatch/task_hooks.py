@@ -1,9 +1,10 @@
 """What a dataset format adds to its entries' samples beyond the row's own fields (docs/datasets.md, "Hooks").
 
 An entry's `hooks` (a `TaskHooks`) travel with each of its samples to the worker that runs it (pickled: plain
-data and methods). There `before_agent` runs in the sample's sandbox before the agent's first model call, and
-`check` after its last one, in the same sandbox, instead of the row's `verify` and `answers`; a rescore runs
-`before_replay` and `check` in a fresh sandbox holding the sample's kept final state. A format's steps
+data and methods). There `before_agent` runs in the sample's sandbox before the agent's first model call, `tools`
+then adds the entry's own tools to the sampled ones, and `check` runs after its last one, in the same sandbox,
+instead of the row's `verify` and `answers`; a rescore runs `before_replay` and `check` in a fresh sandbox holding
+the sample's kept final state. A format's steps
 in the runner (before any sample, at the session's end) are methods of the format itself (dataset_steps.py).
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agentbatch.sandboxes.base import Sandbox
     from agentbatch.tools.context import ToolContext
+    from agentbatch.tools.registry import Tool
     from agentbatch.verification import CheckResult
 
 
@@ -41,6 +43,11 @@ class TaskHooks:
     def before_agent(self, sample: HookContext) -> Any:
         """After the row's setup, before the agent's first model call; what it returns is given to `check`."""
         return None
+
+    def tools(self, sample: HookContext, before: Any) -> list[Tool]:
+        """After `before_agent`: tools of the entry's own, offered to the agent beside its sampled ones (their
+        toolsets are ones the format's `ready` step named, so that the run's tool set holds them)."""
+        return []
 
     def check(self, sample: HookContext, before: Any) -> CheckResult | None:
         """After the agent's last turn, in the same sandbox: the sample's check (None: the row's own applies)."""

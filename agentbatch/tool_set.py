@@ -33,6 +33,14 @@ class ToolSet:
         """Every tool of the run, toolset by toolset."""
         return tuple(name for tools in self.toolsets.values() for name in tools)
 
+    def with_toolsets(self, added: dict[str, tuple[tuple[str, ...], str]]) -> ToolSet:
+        """This set with these toolsets added (name -> its tools, where they come from): a dataset's entries' own."""
+        toolsets, sources = dict(self.toolsets), dict(self.sources)
+        for name, (tools, source) in added.items():
+            toolsets[name] = (*toolsets.get(name, ()), *(t for t in tools if t not in toolsets.get(name, ())))
+            sources.setdefault(name, source)
+        return ToolSet(toolsets, sources, self.mcp)
+
     def secrets(self) -> tuple[str, ...]:
         """The MCP servers' `env` and `headers` values: redacted from every output like the API keys."""
         return self.mcp.secrets() if self.mcp is not None else ()

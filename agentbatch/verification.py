@@ -13,7 +13,7 @@ import math
 import re
 import time
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from agentbatch.sandboxes.base import SandboxError
@@ -39,6 +39,9 @@ class CheckResult:
     seconds: float = 0.0
     answer_matched: bool | None = None
     rewards: dict[str, float] | None = None  # named rewards, when a format's check gives some (harbor/verifier.py)
+    # Files the check keeps of the sample (a task's artifacts): (path, bytes), written by the runner into the run
+    # directory's artifacts/ folder for the sample (run_dir/paths.py), never into the line.
+    files: list[tuple[str, bytes]] = field(default_factory=list, repr=False)
 
     def fields(self) -> dict:
         """The trajectory line's `reward`, `passed` and `check` (every key always present).

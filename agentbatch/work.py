@@ -93,6 +93,8 @@ class SampleOutcome:
     # Its kept final state (--keep_final_state): the staged file's path, or its bytes from a worker without the
     # staging directory (a Ray node elsewhere); the session records it beside the line, or removes it.
     final_state: str | bytes | None = None
+    # The files its check kept (CheckResult.files): the runner writes them into the run directory (run_dir/artifacts.py).
+    files: list[tuple[str, bytes]] = field(default_factory=list, repr=False)
 
     @property
     def key(self) -> tuple[int, int]:

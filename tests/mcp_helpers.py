@@ -56,13 +56,13 @@ def free_port() -> int:
 
 
 class HttpServer:
-    """The FastMCP server over Streamable HTTP on a loopback port, for the length of a test."""
+    """The FastMCP server over Streamable HTTP (or HTTP+SSE) on a loopback port, for the length of a test."""
 
-    def __init__(self) -> None:
+    def __init__(self, sse: bool = False) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.url = f"http://127.0.0.1:{self.port}/{'sse' if sse else 'mcp'}"
         self.process = subprocess.Popen(
-            [sys.executable, str(FASTMCP_SERVER), "--port", str(self.port)],
+            [sys.executable, str(FASTMCP_SERVER), "--port", str(self.port), *(["--sse"] if sse else [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agentbatch.harbor import task_dir
-from agentbatch.harbor.task_config import TaskError, parse
+from agentbatch.harbor import network_policy, task_dir
+from agentbatch.harbor.task_config import Artifact, Policy, TaskError, parse
 from agentbatch.harbor.task_set import TaskSetError, load_tasks
+from agentbatch.sandboxes.base import Egress
 
 TASKS = Path(__file__).parent / "harbor_tasks"
 
@@ -34,7 +35,8 @@ def test_the_terminal_bench_schema_is_read_whole():
         ["bash", "arithmetic"],
     )
     assert (cfg.agent_timeout, cfg.verifier_timeout, cfg.build_timeout) == (300.0, 60.0, 300.0)
-    assert (cfg.cpus, cfg.memory_mb, cfg.storage_mb, cfg.allow_internet, cfg.workdir) == (1.0, 512, 1024, False, "/app")
+    assert (cfg.cpus, cfg.memory_mb, cfg.storage_mb, cfg.workdir) == (1.0, 512, 1024, "/app")
+    assert cfg.environment.network == Policy("no-network")  # allow_internet = false, the older way
     assert cfg.metadata["expert_time_estimate_min"] == 1  # free-form metadata is kept, not warned about
     assert cfg.name is None
 
@@ -50,36 +52,51 @@ def test_harbors_task_table_schema_is_read_whole():
     )
     assert cfg.tags == ["files", "partial"]  # [task] keywords when [metadata] has no tags
     assert cfg.verifier_env == {"EXPECTED": "3"}
-    assert (cfg.agent_timeout, cfg.verifier_timeout, cfg.allow_internet, cfg.workdir) == (120.0, 60.0, True, None)
+    assert (cfg.agent_timeout, cfg.verifier_timeout, cfg.environment.network, cfg.workdir) == (
+        120.0,
+        60.0,
+        Policy("public"),
+        None,
+    )
 
 
-def test_unknown_and_unapplied_fields_are_warned_about_not_fatal():
+def test_unknown_fields_are_warned_about_not_fatal():
     text = """
 schema_version = "1.0"
 flavour = "odd"
 [agent]
 timeout_sec = 10
 run_tests_in_same_shell = false
+setup_timeout_sec = 30
 [environment]
 memory = "2G"
 storage = "512M"
-gpus = 1
+gpus = 0
 network_mode = "no-network"
-env = { TOKEN = "${HOST_TOKEN}", MODE = "x" }
+env = { TOKEN = "${BR_TEST_UNSET_TOKEN:-fallback}", MODE = "x", TEXT = "a${X}b" }
+skills_dir = "/skills"
+[verifier.environment]
+docker_image = "x:1"
+flavour = "odd"
 """
     cfg, warnings = parse(text)
-    assert (cfg.memory_mb, cfg.storage_mb, cfg.allow_internet, cfg.env) == (2048, 512, False, {"MODE": "x"})
+    # As Harbor's resolve_env_vars: a template's default where this machine does not set the variable; a value that is
+    # not one template, a literal.
+    assert (cfg.memory_mb, cfg.storage_mb, cfg.env) == (2048, 512, {"TOKEN": "fallback", "MODE": "x", "TEXT": "a${X}b"})
+    assert cfg.environment.network == Policy("no-network")
     assert "unknown field 'flavour' ignored" in warnings
     assert "unknown field [agent] run_tests_in_same_shell ignored" in warnings
-    assert any(w.startswith("[environment] gpus is not applied") for w in warnings)
-    assert any("env TOKEN is not set" in w for w in warnings)
+    # Never a task.toml field: Harbor's agent setup limit is a constant of its own (trial.py).
+    assert "unknown field [agent] setup_timeout_sec ignored" in warnings
+    assert "unknown field [verifier.environment] flavour ignored" in warnings
+    assert any(w.startswith("[environment] skills_dir is not applied") for w in warnings)
 
 
 # Harbor 1.4's own fields (harbor.models.task.config at schema_version 1.4), as a real 1.4 task writes them.
 SCHEMA_1_4 = """
 schema_version = "1.4"
 source = "terminal-bench"
-artifacts = ["/app/out.log", { source = "/app/report", destination = "report" }]
+artifacts = ["/app/out.log", { source = "/app/report", destination = "report", exclude = ["*.tmp"] }]
 multi_step_reward_strategy = "mean"
 
 [task]
@@ -89,12 +106,20 @@ keywords = ["x"]
 
 [agent]
 timeout_sec = 60.0
-network_mode = "no-network"
+user = "agent"
+network_mode = "allowlist"
+allowed_hosts = ["PyPI.org.", "10.0.0.0/8", "2001:DB8::1"]
 
 [verifier]
 timeout_sec = 30.0
-environment_mode = "shared"
+user = 0
+environment_mode = "separate"
 network_mode = "no-network"
+
+[verifier.environment]
+docker_image = "verifier:1"
+cpus = 2
+allow_internet = false
 
 [[verifier.collect]]
 command = "cp /app/state.json /logs/artifacts/ || true"
@@ -103,48 +128,66 @@ timeout_sec = 20.0
 [[verifier.collect]]
 command = "pg_dump > /dump.sql"
 service = "db"
+user = "postgres"
 
 [environment]
-network_mode = "no-network"
+network_mode = "public"
+healthcheck = { command = "test -f /ready", interval_sec = 1, retries = 5, start_period_sec = 0 }
+mcp_servers = [
+  { name = "search", url = "http://search:8000/sse" },
+  { name = "files", transport = "stdio", command = "mcp-files", args = ["/app"] },
+  { name = "api", transport = "http", url = "http://localhost:9000/mcp" },
+]
+
+[solution]
+env = { MODE = "reference" }
 """
 
 
-def test_every_field_of_harbor_1_4_is_known_and_what_can_be_applied_is():
+def test_every_field_of_harbor_1_4_is_known_and_applied():
     cfg, warnings = parse(SCHEMA_1_4)
-    assert not [w for w in warnings if w.startswith("unknown field")], warnings
-    # The three network_mode values agree: nothing to say about them, and no network.
-    assert not [w for w in warnings if "network" in w] and cfg.allow_internet is False
-    # The shared verifier is what this runner does; the main service's collect hook runs before the tests.
-    assert [(h.command, h.timeout) for h in cfg.collect] == [("cp /app/state.json /logs/artifacts/ || true", 20.0)]
-    assert sorted(warnings) == [
-        "[[verifier.collect]] service = 'db' is not applied: no Compose services",
-        "artifacts is not applied (no files are collected from the container: the line keeps the check's output)",
-    ]
+    assert warnings == []
     assert (cfg.name, cfg.agent_timeout, cfg.verifier_timeout) == ("org/one-four", 60.0, 30.0)
-
-
-@pytest.mark.parametrize(
-    "extra, warning",
-    [
-        ("[verifier]\nenvironment_mode = 'separate'\n", "[verifier] environment_mode = 'separate' is not applied"),
-        ("[verifier.environment]\ndocker_image = 'x:1'\n", "[verifier] environment is not applied"),
-        ("[agent]\nnetwork_mode = 'no-network'\n", "[verifier] network_mode = 'public' is not applied"),
-        ("[verifier]\nnetwork_mode = 'no-network'\n", "[verifier] network_mode = 'no-network' is not applied"),
-        ("[agent]\nallowed_hosts = ['pypi.org']\n", "[agent] network_mode = 'allowlist' is not applied"),
-    ],
-)
-def test_a_known_field_not_applied_is_named(extra, warning):
-    _, warnings = parse(extra)
-    assert any(w.startswith(warning) for w in warnings), warnings
-
-
-def test_the_agents_network_mode_is_the_containers():
-    cfg, warnings = parse("[agent]\nnetwork_mode = 'no-network'\n[environment]\nallow_internet = true\n")
-    assert cfg.allow_internet is False  # the agent is kept off the network its task keeps it off
-    assert warnings == [
-        "[verifier] network_mode = 'public' is not applied: the tests run in the agent's container, "
-        "with its network ('no-network')"
+    assert (cfg.agent_user, cfg.verifier_user) == ("agent", "0")
+    # The network plan, as Harbor resolves it: hosts normalized; the separate verifier's own baseline.
+    assert cfg.policies() == (
+        Policy("public"),
+        Policy("allowlist", ("pypi.org", "10.0.0.0/8", "2001:db8::1")),
+        Policy("no-network"),
+        Policy("no-network"),
+    )
+    assert cfg.separate and cfg.verifier_config.docker_image == "verifier:1" and cfg.verifier_config.cpus == 2
+    assert [(h.command, h.service, h.user) for h in cfg.collect] == [
+        ("cp /app/state.json /logs/artifacts/ || true", "main", None),
+        ("pg_dump > /dump.sql", "db", "postgres"),
     ]
+    assert cfg.artifacts == [Artifact("/app/out.log"), Artifact("/app/report", "report", ("*.tmp",))]
+    assert cfg.services() == {"db"}
+    hc = cfg.environment.healthcheck
+    assert (hc.command, hc.interval, hc.timeout, hc.retries) == ("test -f /ready", 1.0, 30.0, 5)
+    assert [(s.name, s.transport, s.url, s.command) for s in cfg.environment.mcp_servers] == [
+        ("search", "sse", "http://search:8000/sse", None),  # sse is Harbor's default transport
+        ("files", "stdio", None, "mcp-files"),
+        ("api", "streamable-http", "http://localhost:9000/mcp", None),  # "http" is its alias
+    ]
+    assert cfg.solution_env == {"MODE": "reference"}
+
+
+def test_the_verifier_mode_is_harbors():
+    assert not parse("")[0].separate  # shared by default
+    assert parse("[verifier.environment]\ndocker_image = 'v:1'\n")[0].separate  # an environment implies separate
+    separate = parse("[verifier]\nenvironment_mode = 'separate'\n[environment]\nnetwork_mode = 'no-network'\n")[0]
+    # Without [verifier.environment], a copy of [environment]: its network baseline too.
+    assert separate.separate and separate.policies()[2] == Policy("no-network")
+
+
+def test_an_agent_phase_policy_controls_the_container_and_a_shared_verifier_phase_too():
+    cfg, _ = parse("[agent]\nnetwork_mode = 'no-network'\n[environment]\nallow_internet = true\n")
+    assert cfg.policies() == (Policy("public"), Policy("no-network"), Policy("public"), Policy("public"))
+    assert network_policy.agent_container(cfg, compose=False) == (True, Egress(None))  # open at start
+    everywhere, _ = parse("[environment]\nnetwork_mode = 'no-network'\n")
+    assert network_policy.agent_container(everywhere, compose=False) == (False, None)  # a loopback only
+    assert network_policy.agent_container(everywhere, compose=True) == (True, Egress(()))  # its services only
 
 
 def test_a_multi_step_task_is_refused():
@@ -179,10 +222,54 @@ def test_a_multi_step_task_is_refused():
             "[[verifier.collect]] timeout_sec must be a positive",
         ),
         ("[verifier]\nenvironment_mode = 'elsewhere'\n", "environment_mode 'elsewhere' is not one of shared"),
+        ("[verifier]\nenvironment_mode = 'shared'\n[verifier.environment]\n", "conflicts with [verifier.environment]"),
         ("[environment]\nnetwork_mode = 'dialup'\n", "network_mode 'dialup' is not one of public"),
+        # What Harbor's docker environment refuses, and what Harbor's validation rejects.
+        ("[environment]\ngpus = 1\n", "[environment] gpus = 1: containers here get no GPUs"),
+        ("[environment]\ntpu = { type = 'v6e', topology = '2x4' }\n", "[environment] tpu: containers here get no TPUs"),
+        (
+            "[agent]\nallowed_hosts = ['pypi.org']\n",
+            "[agent] allowed_hosts is only valid with network_mode = 'allowlist'",
+        ),
+        ("[environment]\nallowed_hosts = ['a.b']\n", "[environment] allowed_hosts is only valid with network_mode"),
+        (
+            "[environment]\nnetwork_mode = 'allowlist'\nallowed_hosts = ['https://pypi.org/simple']\n",
+            "entries must be host names, IP addresses or CIDR ranges, not URLs",
+        ),
+        (
+            "[environment]\nnetwork_mode = 'allowlist'\nallowed_hosts = ['10.0.0.1/8']\n",
+            "entries must be host names, IP addresses or CIDR ranges",
+        ),
+        # The egress rules match addresses: a wildcard would have to be let through or refused.
+        ("[agent]\nnetwork_mode = 'allowlist'\nallowed_hosts = ['*.pypi.org']\n", "a wildcard cannot be enforced"),
+        ("[agent]\nuser = 'a b'\n", "[agent] user 'a b' is not a user name"),
+        ("[verifier]\nuser = true\n", "[verifier] user must be a user name or uid"),
+        ("artifacts = ['/app/../etc/passwd']\n", "artifacts source '/app/../etc/passwd' must not contain '..'"),
+        ("artifacts = [{ source = '/a', destination = '/abs' }]\n", "must be a relative path"),
+        ("artifacts = [{ source = '/a', destination = 'manifest.json' }]\n", "'manifest.json' is reserved"),
+        ("artifacts = [{ source = 'rel', service = 'db' }]\n", "collected from service 'db' must be absolute"),
+        ("[environment]\nmcp_servers = [{ name = 'x' }]\n", "an http(s) url is required for transport 'sse'"),
+        ("[environment]\nmcp_servers = [{ name = 'x', transport = 'stdio' }]\n", "a command is required"),
+        ("[environment]\nmcp_servers = [{ name = 'a b', url = 'http://h/' }]\n", "mcp_servers name 'a b'"),
+        ("[environment]\nhealthcheck = { interval_sec = 1 }\n", "[environment] healthcheck needs a command"),
+        # A value of this machine's environment never enters a container (Harbor's would be passed in).
+        (
+            "[verifier]\nenv = { K = '${BR_TEST_SET_VAR}' }\n",
+            "[verifier] env K takes ${BR_TEST_SET_VAR} from the host, which is set on this machine",
+        ),
+        (
+            "[environment]\nenv = { K = '${BR_TEST_SET_VAR:-d}' }\n",
+            "[environment] env K takes ${BR_TEST_SET_VAR} from the host, which is set",
+        ),
+        (
+            "[solution]\nenv = { K = '${BR_TEST_UNSET_VAR}' }\n",
+            "[solution] env K takes ${BR_TEST_UNSET_VAR} from the host, which has no default",
+        ),
     ],
 )
-def test_an_unusable_task_toml_is_one_line_reason(text, reason):
+def test_an_unusable_task_toml_is_one_line_reason(text, reason, monkeypatch):
+    monkeypatch.setenv("BR_TEST_SET_VAR", "a value of the machine's")
+    monkeypatch.delenv("BR_TEST_UNSET_VAR", raising=False)
     with pytest.raises(TaskError) as e:
         parse(text)
     assert reason in str(e.value) and "\n" not in str(e.value)

@@ -66,12 +66,12 @@ def cli(root: Path, out: Path, run_name: str, *extra: str, server=None):
 def test_the_oracles_verdicts_rewards_and_breakdowns(tmp_path, out, harbor_base, docker_run_name):
     root = tmp_path / "tasks"
     cat = '[metadata]\ncategory = "text"\ndifficulty = "easy"\n'
-    task(root, "passes", "echo 1 > /logs/verifier/reward.txt\n", toml=cat + "[environment]\ngpus = 1\n")
+    task(root, "passes", "echo 1 > /logs/verifier/reward.txt\n", toml=cat + '[environment]\nskills_dir = "/skills"\n')
     task(
         root,
         "two-rewards",
         reward_json('{"reward": 1.0, "accuracy": 0.5, "note": "text"}'),
-        toml="[environment]\ngpus = 2\n",
+        toml='[environment]\nskills_dir = "/other"\n',
     )
     # A reward.json whose "reward" is no finite number is no result, whatever else it holds: never a pass.
     task(root, "nan-reward", reward_json('{"reward": NaN, "accuracy": 1.0}'))
@@ -131,9 +131,9 @@ def test_the_oracles_verdicts_rewards_and_breakdowns(tmp_path, out, harbor_base,
     err = done.stderr
     assert "slow-build: skipped: [environment] build_timeout_sec must be a positive number up to 604800" in err
     assert "unknown field" not in err
-    assert err.count("[environment] gpus is not applied") == 1  # one line for the field, naming its tasks
-    assert "gpus is not applied (no GPUs are given to containers) (passes, two-rewards)" in err
-    assert "task.toml: artifacts is not applied" in err
+    assert err.count("[environment] skills_dir is not applied") == 1  # one line for the field, naming its tasks
+    assert "this runner's has no skills) (passes, two-rewards)" in err
+    assert "is not applied" not in err.replace("skills_dir is not applied", "")  # artifacts: collected now
     assert ESC not in done.stdout + err and "evil\\x1b]0;pwned\\x07\\x1b[2J" in done.stdout + err
 
     o = run.stats()["outcomes"]

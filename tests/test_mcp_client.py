@@ -43,7 +43,7 @@ def connect(entry: dict, timeout: float = 30) -> Connection:
         ({"mcpServers": {"s": {"command": "x", "env": {"A": 1}}}}, "env must be an object of strings"),
         ({"mcpServers": {"s": {"command": "x", "shared": "yes"}}}, "shared must be true or false"),
         ({"mcpServers": {"s": {"url": "ftp://h/"}}}, "expected an http:// or https:// address"),
-        ({"mcpServers": {"s": {"url": "http://h/", "type": "sse"}}}, "SSE transport is not supported"),
+        ({"mcpServers": {"s": {"command": "x", "type": "sse"}}}, "an SSE server needs a url"),
         ({"mcpServers": {"s": {"url": "http://h/", "shared": True}}}, "unknown key 'shared'"),
         ({"mcpServers": {"s": {"command": "x", "env": {"A": "${NOT_SET_ANYWHERE}"}}}}, "${NOT_SET_ANYWHERE}"),
         ({"mcpServers": {"s": {"command": "x", "tools": "a"}}}, "tools must be a list of tool names"),
@@ -286,6 +286,23 @@ def test_a_streamable_http_server_on_loopback():
         http.close()
     with pytest.raises(FatalError, match=r"server 'web' at http://127\.0\.0\.1:\d+/mcp cannot be reached"):
         listing.list_tools((server,), 5)
+
+
+def test_an_sse_server_on_loopback():
+    """The older HTTP+SSE transport, Harbor's default for a task's servers (task.toml mcp_servers)."""
+    http = HttpServer(sse=True)
+    try:
+        (server,) = parse(old={"url": http.url, "type": "sse"})
+        assert server.transport == "sse" and server.describe().endswith("(SSE)")
+        assert {t.name for t in listing.list_tools((server,), 30)} == {"add", "where", "nap"}
+        connection = Connection(server)
+        connection.start(30)
+        try:
+            assert schemas.result(connection.call("add", {"a": 2, "b": 40}, 10)) == {"content": "42"}
+        finally:
+            connection.close()
+    finally:
+        http.close()
 
 
 def test_a_shared_server_is_started_again_after_it_died():

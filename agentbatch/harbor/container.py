@@ -12,9 +12,11 @@ import os
 import shlex
 import tarfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from agentbatch.harbor.task_fields import Healthcheck
 from agentbatch.sandboxes.base import SANDBOX_ENV, Sandbox, SandboxError
 
 COMMAND_TIMEOUT = 120.0
@@ -47,9 +49,9 @@ while [ "$pass" -lt 50 ]; do
 done
 echo "ended $pass"
 """
-# What the tests are run with, read before the agent's first command (the second line: uid and gid, so that
-# the copied files are the image user's, as the agent's own are).
-PROBE = r"""command -v bash || echo /bin/bash
+# What the tests are run with, read before the agent's first command: the image's bash, else its sh (the second
+# line: uid and gid, so that the copied files are the image user's, as the agent's own are).
+PROBE = r"""b=$(command -v bash) || b=""; case "$b" in /*) echo "$b";; *) echo /bin/sh;; esac
 u=0; g=0
 while read -r k a b; do case $k in Uid:) u=$a;; Gid:) g=$a;; esac; done < /proc/self/status
 echo "$u $g"
@@ -77,7 +79,7 @@ def probe(sandbox: Sandbox) -> Probe:
     ids = lines[1].split()
     path = "\n".join(lines[2:])
     return Probe(
-        bash=bash if bash.startswith("/") else "/bin/bash",
+        bash=bash if bash.startswith("/") else "/bin/sh",
         path=path if path and "\n" not in path else SANDBOX_ENV["PATH"],
         uid=int(ids[0]) if ids and ids[0].isdigit() else 0,
         gid=int(ids[1]) if len(ids) > 1 and ids[1].isdigit() else 0,
@@ -86,24 +88,36 @@ def probe(sandbox: Sandbox) -> Probe:
 
 def end_processes(sandbox: Sandbox) -> None:
     """Kill every process the agent left running in the container (its commands, servers, loops, and the shell
-    that ran its commands): in an exec of its own, which the kill spares."""
+    that ran its commands), as root: in an exec of its own, which the kill spares."""
     run(sandbox, END_PROCESSES, alone=True)
 
 
-def run(sandbox: Sandbox, command: str, timeout: float = COMMAND_TIMEOUT, alone: bool = False) -> str:
-    """A command of ours in the container; SandboxError unless it exits 0. `alone`: in an exec of its own."""
+def exec_as(sandbox: Sandbox, command: str, timeout: float, user: str | None = None, alone: bool = False):
+    """A command as `user` (a name or uid; "" the image's user; None the sandbox's own, the agent's). Only a
+    container has users to choose from; elsewhere the command runs as the sandbox's commands do. `alone`: in an
+    exec of its own, the container's resident shell ended first (a command that kills every process)."""
     exec_ = getattr(sandbox, "exec_alone", sandbox.exec) if alone else sandbox.exec
-    done = exec_(command, timeout=timeout)
+    if user is None or not getattr(sandbox, "container_id", None):
+        return exec_(command, timeout=timeout)
+    return exec_(command, timeout=timeout, user=user)
+
+
+def run(
+    sandbox: Sandbox, command: str, timeout: float = COMMAND_TIMEOUT, user: str | None = "0", alone: bool = False
+) -> str:
+    """A command of ours in the container, as root unless `user` says; SandboxError unless it exits 0."""
+    done = exec_as(sandbox, command, timeout, user, alone)
     if done.timed_out or done.exit_code != 0:
         first = command.strip().splitlines()[0][:80]
         raise SandboxError(f"{first!r} failed in the container: {' '.join(done.output.split())[-300:]}")
     return done.output
 
 
-def put_dir(sandbox: Sandbox, source: str, target: str, owner: Probe) -> None:
-    """Put a task's directory at `target` (anything there before removed), executable bits kept, files owned
-    by the image's user; streamed as a tar to a container, so no file is ever held whole in memory."""
-    run(sandbox, f"rm -rf {shlex.quote(target)} && mkdir -p {shlex.quote(target)}")
+def put_dir(sandbox: Sandbox, source: str, target: str, owner: Probe, replace: bool = True) -> None:
+    """Put a task's directory at `target` (anything there before removed, unless not `replace`), executable bits
+    kept, files owned by the image's user; streamed as a tar to a container, so no file is held whole in memory."""
+    clear = f"rm -rf {shlex.quote(target)} && " if replace else ""
+    run(sandbox, f"{clear}mkdir -p {shlex.quote(target)}")
     container = getattr(sandbox, "container_id", None)
     if container is None:  # not a container: file by file (Harbor tasks run in Docker; this is for other sandboxes)
         for rel, path in _files(source):
@@ -171,3 +185,23 @@ def _add_dirs(tar: tarfile.TarFile, rel: str, made: set[str], owner: Probe) -> N
             info = tarfile.TarInfo(name)
             info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, owner.uid, owner.gid
             tar.addfile(info)
+
+
+def healthcheck(sandbox: Sandbox, hc: Healthcheck) -> None:
+    """[environment] healthcheck, as Harbor runs it (and Docker's HEALTHCHECK counts): until the command exits 0;
+    failures within the start period do not count; `retries` in a row after it fail the sample."""
+    started = time.monotonic()
+    failures = 0
+    while True:
+        done = exec_as(sandbox, hc.command, hc.timeout, "")
+        if done.exit_code == 0 and not done.timed_out:
+            return
+        if time.monotonic() < started + hc.start_period:
+            time.sleep(hc.start_interval)
+            continue
+        failures += 1
+        if failures >= hc.retries:
+            last = (done.output.strip().splitlines() or [""])[-1][-200:]
+            said = f" (exit {done.exit_code}: {last})" if last else f" (exit {done.exit_code})"
+            raise SandboxError(f"the task's healthcheck failed {hc.retries} time(s) in a row: {hc.command!r}{said}")
+        time.sleep(hc.interval)

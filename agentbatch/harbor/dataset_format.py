@@ -6,12 +6,11 @@ image's build (environment/, built by the docker backend before any sample) or i
 container's resources, its own limits, and its hooks (sample.py: before the agent, and the tests as the
 check). Its identity (name and a hash of its files) is what resume matches, and its metadata (name,
 difficulty, category, tags) goes into every line it makes. In the runner (run.py): the task.toml warnings
-before any sample, the oracle's verdict at the session's end.
+and refusals before any sample, the verifiers' images and the tasks' MCP tools once the images are made, the
+oracle's verdict at the session's end.
 """
 
 from __future__ import annotations
-
-import os
 
 from agentbatch.dataset import Entry
 from agentbatch.dataset_formats import DatasetError, dataset_format
@@ -19,11 +18,6 @@ from agentbatch.dataset_steps import RunContext
 from agentbatch.harbor import run, sample
 from agentbatch.harbor.task_dir import HarborTask
 from agentbatch.harbor.task_set import FORMAT, TaskSetError, claims, load_tasks
-
-COMPOSE_UNSUPPORTED = (
-    "the task's environment/{file} asks for several containers (Docker Compose), which this runner does not "
-    "run: give the task a Dockerfile, or an [environment] docker_image"
-)
 
 
 @dataset_format(FORMAT)
@@ -45,17 +39,19 @@ class HarborFormat:
     def prepare(self, entries: list[Entry], context: RunContext) -> None:
         run.prepare(entries, context)
 
+    def ready(self, entries: list[Entry], context: RunContext) -> dict[str, tuple[tuple[str, ...], str]]:
+        return run.ready(entries, context)
+
     def at_end(self, entries: list[Entry], context: RunContext) -> list[str]:
         return run.at_end(entries, context)
 
 
 def entry(line: int, task: HarborTask) -> Entry:
     """One task as a dataset entry."""
-    compose = task.compose_file
     return Entry(
         line=line,
         prompt=task.instruction,
-        image=task.config.docker_image,
+        image=None if task.builds else task.image,
         cwd=task.config.workdir,
         identity=task.identity,
         metadata=task.metadata,
@@ -63,5 +59,4 @@ def entry(line: int, task: HarborTask) -> Entry:
         resources=sample.resources(task),
         limits=sample.limits(task),
         hooks=sample.HarborHooks(task),
-        unavailable=COMPOSE_UNSUPPORTED.format(file=os.path.basename(compose)) if compose else None,
     )

@@ -1,7 +1,8 @@
 """`--model=oracle`: a replay model that runs each Harbor task's reference solution (docs/harbor.md, "Oracle").
 
-Its first reply is one terminal call, `bash /solution/solve.sh` (the runner copies the task's solution/ to
-/solution just before); its second is a final answer quoting the exit code. No endpoint, no key, no tokens:
+Its first reply is one terminal call, `/solution/solve.sh` (the runner copies the task's solution/ to /solution
+just before, solve.sh made executable: it runs as its first line says, as Harbor runs it); its second is a final
+answer quoting the exit code. No endpoint, no key, no tokens:
 the tests then tell which tasks' reference solutions do not pass, before a model is paid for.
 """
 
@@ -15,7 +16,7 @@ from agentbatch.model.base import ModelCallError, Reply
 from agentbatch.model.registry import register_model
 
 NAME = "oracle"
-COMMAND = f"bash {SOLUTION_DIR}/solve.sh"
+COMMAND = f"{SOLUTION_DIR}/solve.sh"
 # The terminal tool's own cap still applies; the task's agent timeout cuts the command (the prompt's deadline).
 COMMAND_TIMEOUT = 24 * 3600.0
 _NO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}

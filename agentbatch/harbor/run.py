@@ -1,19 +1,24 @@
 """The parent's part of a run of Harbor tasks, the format's steps in the runner (dataset_steps.py): the
-task.toml warnings before any sample, and at the session's end the warnings recorded and the oracle's verdict.
+task.toml warnings and the refusals this machine makes before any sample, the verifiers' images and the tasks'
+MCP tools once the images are made, and at the session's end the warnings recorded and the oracle's verdict.
 
-`prepare` says, once per run, each task.toml field that is ignored or not applied (the images are then made by
-the docker backend, as for any entry with a build). `oracle_summary` is the end of an oracle run's summary: the
-reference solutions that pass, and the tasks whose reference solution does not.
+`prepare` says, once per run, each task.toml field that is ignored or not applied, fails at once the samples of
+a task whose network policy cannot be enforced here, and gives an oracle run's containers the [solution] env
+(the images are then made by the docker backend, as for any entry with a build). `ready` has a separate
+verifier's image built from tests/ the same way, and lists each task's own MCP servers (task_mcp.py), whose
+toolsets it names. `oracle_summary` is the end of an oracle run's summary: the reference solutions that pass,
+and the tasks whose reference solution does not.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import replace
 
 from agentbatch.dataset import Entry
 from agentbatch.dataset_steps import RunContext
-from agentbatch.harbor import oracle
+from agentbatch.harbor import network_policy, oracle
 from agentbatch.harbor.sample import HarborHooks
 from agentbatch.run_dir import atomic
 from agentbatch.run_dir.paths import HARBOR_WARNINGS, RunPaths
@@ -26,9 +31,71 @@ def harbor_entries(entries: list[Entry]) -> list[Entry]:
 
 
 def prepare(entries: list[Entry], run: RunContext) -> None:
-    """Before any sample: one warning per task.toml field ignored or not applied, unless this run said it already."""
+    """Before any sample: one warning per task.toml field ignored or not applied, unless this run said it already;
+    a task whose network policy cannot be enforced here refused; an oracle run's [solution] env."""
     for line in field_warnings(entries, shown_warnings(run.run_dir)):
         run.log(f"warning: {line}")
+    for e in harbor_entries(entries):
+        task = e.hooks.task
+        refused = network_policy.refusal(task.config, task.compose is not None)
+        if refused and not e.unavailable:
+            e.unavailable = refused
+        if run.model == oracle.NAME and task.config.solution_env and e.resources is not None:
+            # Harbor scopes it to solve.sh; the tests get it taken away again (verifier._command).
+            env = {**dict(e.resources.env), **task.config.solution_env}
+            e.resources = replace(e.resources, env=tuple(env.items()))
+
+
+def ready(entries: list[Entry], run: RunContext) -> dict[str, tuple[tuple[str, ...], str]]:
+    """Once the entries' images are made: the separate verifiers' images from tests/, and the tasks' MCP tools
+    (their toolsets, for the run's tool set); a task whose either cannot be had fails its samples at once."""
+    todo = [e for e in harbor_entries(entries) if not e.unavailable and e.hooks.task.verifier_build is not None]
+    if todo and run.make_images is not None:
+        for e, made in zip(todo, run.make_images([e.hooks.task.verifier_build for e in todo]), strict=True):
+            if made.error:
+                e.unavailable = f"the separate verifier's image: {made.error}"
+            else:
+                e.hooks.verifier_image = made.image
+    return task_tools(entries, run)
+
+
+def task_tools(entries: list[Entry], run: RunContext) -> dict[str, tuple[tuple[str, ...], str]]:
+    """Each task's MCP servers listed in an environment of its own (task_mcp.py); their toolsets by name."""
+    todo = [e for e in harbor_entries(entries) if not e.unavailable and e.hooks.task.config.environment.mcp_servers]
+    if not todo or run.sandbox is None:
+        return {}
+    try:
+        from agentbatch.harbor import task_mcp
+    except ImportError as err:
+        for e in todo:
+            e.unavailable = f"its MCP servers need the MCP SDK ({err}): pip install 'batch-runner[mcp]'"
+        return {}
+    run.log(f"listing the MCP servers of {len(todo)} task(s)")
+    tools: dict[str, list[str]] = {}
+    owners: dict[str, list[str]] = defaultdict(list)
+    try:
+        for e in todo:
+            task = e.hooks.task
+            try:
+                listed = task_mcp.list_tools(task_mcp.spec_for(run.sandbox, e), task)
+            except (task_mcp.SandboxError, task_mcp.ServerError) as err:
+                e.unavailable = safe(f"its MCP servers cannot be listed: {err}")
+                continue
+            clash = task_mcp.clash(listed, run.taken)
+            if clash:
+                e.unavailable = safe(clash)
+                continue
+            e.hooks.mcp = listed
+            for item in listed:
+                names = tools.setdefault(item.server.name, [])
+                names += [t.name for t in item.tools if t.name not in names]
+                owners[item.server.name].append(task.name)
+    finally:
+        task_mcp.done_listing()
+    return {
+        name: (tuple(names), safe(f"MCP server of Harbor task(s) {', '.join(owners[name][:3])}"))
+        for name, names in tools.items()
+    }
 
 
 def at_end(entries: list[Entry], run: RunContext) -> list[str]:

@@ -3,8 +3,8 @@
     my-task/
       instruction.md      the prompt
       task.toml           its config (task_config.py)
-      environment/        the build context: Dockerfile, or docker-compose.yaml (unless [environment] docker_image)
-      tests/test.sh       the verifier, copied to /tests after the agent
+      environment/        the build context: Dockerfile (unless [environment] docker_image), docker-compose.yaml
+      tests/test.sh       the verifier, copied to /tests after the agent (tests/Dockerfile: a separate verifier's image)
       solution/solve.sh   the reference solution, copied to /solution for an oracle run
 
 Everything wrong with a task is a `TaskError` with a one-line reason; the loader skips that task and says why.
@@ -18,12 +18,14 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from agentbatch.harbor.task_config import TaskConfig, TaskError, parse
-from agentbatch.sandboxes.base import ImageBuild
+from agentbatch.harbor import compose_task
+from agentbatch.harbor.task_config import EnvConfig, TaskConfig, TaskError, parse
+from agentbatch.sandboxes.base import ComposeProject, ImageBuild
 
 INSTRUCTION, CONFIG, ENVIRONMENT, TESTS, SOLUTION = "instruction.md", "task.toml", "environment", "tests", "solution"
 TEST_SCRIPT, SOLVE_SCRIPT = "tests/test.sh", "solution/solve.sh"
 DOCKERFILE, COMPOSE_FILES = "Dockerfile", ("docker-compose.yaml", "docker-compose.yml")
+PRIOR_CONTEXT = "trajectory.json"  # Harbor's prior agent context (an ATIF trajectory seeded before the agent)
 MAX_CONTEXT_BYTES = 1024**3  # environment/, tests/ or solution/ over this is refused: docs/harbor.md
 MAX_INSTRUCTION_CHARS = 1_000_000
 MAX_INSTRUCTION_BYTES = 4 * MAX_INSTRUCTION_CHARS  # UTF-8: at most 4 bytes a character; checked before reading
@@ -48,6 +50,10 @@ class HarborTask:
     context_hash: str | None  # environment/ alone: with base_ids, the image's tag
     compose_file: str | None = None
     warnings: list[str] = field(default_factory=list)
+    has_dockerfile: bool = True  # environment/Dockerfile, which the run builds (unless docker_image)
+    compose: ComposeProject | None = None  # environment/docker-compose.yaml's project (compose_task.py)
+    compose_image: str | None = None  # main's image when the Compose file gives it
+    tests_hash: str | None = None  # tests/, when a separate verifier's image is built from it
 
     @property
     def identity(self) -> str:
@@ -72,7 +78,7 @@ class HarborTask:
     def image_build(self) -> ImageBuild | None:
         """The image built from environment/ (None with [environment] docker_image): tagged by a hash of the build
         context and of its FROM images' ids, so a base image retagged is another image (ImageBuild.tag)."""
-        if self.config.docker_image:
+        if self.config.docker_image or not self.has_dockerfile:
             return None
         return ImageBuild(
             context=self.file(ENVIRONMENT),
@@ -86,13 +92,38 @@ class HarborTask:
     @property
     def image(self) -> str:
         """The container image: [environment] docker_image as is, else the build's tag before its FROM images are
-        resolved (the run's is `image_build.tag(base_ids)`, once they are)."""
-        return self.config.docker_image or self.image_build.tag()
+        resolved (the run's is `image_build.tag(base_ids)`, once they are), else main's in the Compose file."""
+        if self.config.docker_image:
+            return self.config.docker_image
+        build = self.image_build
+        return build.tag() if build else self.compose_image or ""
 
     @property
     def builds(self) -> bool:
         """Whether the run builds this task's image from its Dockerfile."""
-        return not self.config.docker_image and self.compose_file is None
+        return self.image_build is not None
+
+    @property
+    def verifier_image(self) -> str | None:
+        """A separate verifier's prebuilt image: [verifier.environment] docker_image (Harbor uploads tests/ into its
+        working directory; /tests/test.sh must be in it)."""
+        own = self.config.verifier_environment
+        return own.docker_image if self.config.separate and own is not None else None
+
+    @property
+    def verifier_build(self) -> ImageBuild | None:
+        """A separate verifier's image, built from tests/ (its Dockerfile), as Harbor builds it, unless
+        [verifier.environment] names a docker_image."""
+        if not self.config.separate or self.verifier_image or self.tests_hash is None:
+            return None
+        return ImageBuild(
+            context=self.file(TESTS),
+            repository=f"{IMAGE_REPOSITORY}/{safe_name(self.name)}-verifier",
+            context_hash=self.tests_hash,
+            name=f"{self.name} (verifier)",
+            timeout=self.config.build_timeout,  # Harbor bounds the verifier's start by the agent env's
+            labels=((BUILT_LABEL, self.name),),
+        )
 
     def file(self, relative: str) -> str:
         return os.path.join(self.path, relative)
@@ -132,8 +163,8 @@ def load(path: str) -> HarborTask:
         raise TaskError(f"instruction.md is {len(instruction)} characters, over the limit of {MAX_INSTRUCTION_CHARS}")
     if "\x00" in instruction:
         raise TaskError("instruction.md contains a NUL character")
-    if not os.path.isfile(os.path.join(root, TEST_SCRIPT)) or os.path.islink(os.path.join(root, TEST_SCRIPT)):
-        raise TaskError(f"no {TEST_SCRIPT}: the task has no verifier")
+    verifier_dockerfile = cfg.separate and os.path.isfile(os.path.join(root, TESTS, DOCKERFILE))
+    _check_verifier(root, cfg, verifier_dockerfile)
     env_dir = os.path.join(root, ENVIRONMENT)
     compose = next((f for f in COMPOSE_FILES if os.path.isfile(os.path.join(env_dir, f))), None)
     has_dockerfile = os.path.isfile(os.path.join(env_dir, DOCKERFILE))
@@ -141,25 +172,50 @@ def load(path: str) -> HarborTask:
         raise TaskError(
             f"no {ENVIRONMENT}/{DOCKERFILE}, {ENVIRONMENT}/{COMPOSE_FILES[0]} or [environment] docker_image"
         )
+    if cfg.services() and not compose:
+        raise TaskError(
+            f"[[verifier.collect]] or artifacts name the service(s) {', '.join(sorted(cfg.services()))}, "
+            f"but the task has no {ENVIRONMENT}/{COMPOSE_FILES[0]}"
+        )
     for name in BOUNDED_DIRS:
-        if name == ENVIRONMENT and cfg.docker_image:
+        if name == ENVIRONMENT and cfg.docker_image and not compose:
             continue  # not built
         if sizes.get(name, 0) > MAX_CONTEXT_BYTES:
             what = "the build context " if name == ENVIRONMENT else ""
             raise TaskError(f"{what}{name}/ holds {sizes[name]} bytes, over the limit of {MAX_CONTEXT_BYTES} (1 GiB)")
     files_hash = tree_hash(root)
-    context_hash = None if cfg.docker_image else tree_hash(env_dir, inside=root)
+    context_hash = None if cfg.docker_image and not compose else tree_hash(env_dir, inside=root)
     name = cfg.name or os.path.basename(root)
-    return HarborTask(
+    task = HarborTask(
         root,
         name,
         instruction,
         cfg,
         files_hash,
         context_hash,
-        os.path.join(ENVIRONMENT, compose) if compose and not cfg.docker_image else None,
+        os.path.join(ENVIRONMENT, compose) if compose else None,
         warnings,
+        has_dockerfile=has_dockerfile,
+        tests_hash=tree_hash(os.path.join(root, TESTS), inside=root) if verifier_dockerfile else None,
     )
+    if compose:
+        task.compose, task.compose_image = compose_task.resolve(task, f"{IMAGE_REPOSITORY}/{safe_name(name)}")
+    return task
+
+
+def _check_verifier(root: str, cfg: TaskConfig, verifier_dockerfile: bool) -> None:
+    """tests/test.sh is there, unless a separate verifier's image holds it (Harbor's rule); prior context refused."""
+    if os.path.lexists(os.path.join(root, PRIOR_CONTEXT)):
+        raise TaskError(
+            f"{PRIOR_CONTEXT} (prior agent context to seed before the agent): this runner starts every agent "
+            "from the instruction alone"
+        )
+    if cfg.separate and any(os.path.isfile(os.path.join(root, TESTS, f)) for f in COMPOSE_FILES):
+        raise TaskError("a separate verifier of several containers (tests/docker-compose.yaml) is not run here")
+    in_image = cfg.separate and (verifier_dockerfile or (cfg.verifier_environment or EnvConfig()).docker_image)
+    script = os.path.join(root, TEST_SCRIPT)
+    if not in_image and (not os.path.isfile(script) or os.path.islink(script)):
+        raise TaskError(f"no {TEST_SCRIPT}: the task has no verifier")
 
 
 def strip_canary(text: str) -> str:

@@ -1,12 +1,12 @@
-"""A Harbor task's check, after the agent's last turn, in the same container (docs/harbor.md, "The check").
+"""The tests of a Harbor task in a container, and the reward they give (docs/harbor.md, "The check").
 
-Every process the agent left running is ended first, then the task's [[verifier.collect]] hooks run, `tests/`
-is copied to /tests (whatever the agent left there removed first), /logs/verifier is emptied, and
-`/tests/test.sh` runs within the verifier's timeout, with the interpreter and PATH the image had before the
-agent's first command. The reward is what it wrote: reward.json (an object of named numbers, all kept in
-`check.rewards`; `reward` is its "reward", else reward.txt's number, else its only value) or reward.txt (one
-number). A "reward" that is not a finite number is a check error, never a pass. The sample passes when the
-reward is at least 1.
+`tests/` is copied to /tests (whatever the agent left there removed first; or nowhere, when the verifier's image
+holds them), /logs/verifier is emptied, and `/tests/test.sh` runs as [verifier] user, within the verifier's
+timeout, with the interpreter and PATH the image had before the agent's first command and the task's [verifier]
+env. The reward is what test.sh wrote: reward.json (an object of named numbers, all kept in `check.rewards`;
+`reward` is its "reward", else reward.txt's number, else its only value) or reward.txt (one number). A "reward"
+that is not a finite number is a check error, never a pass. The sample passes when the reward is at least 1.
+What comes before (the agent's processes ended, the collect hooks, the artifacts, which container) is check.py's.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import math
 import shlex
-import time
 
 from agentbatch.harbor import container
 from agentbatch.harbor.container import Probe
 from agentbatch.harbor.task_dir import SOLUTION, TESTS, HarborTask
-from agentbatch.sandboxes.base import Sandbox, SandboxError
+from agentbatch.sandboxes.base import Sandbox
 from agentbatch.tools.registry import cap_output
 from agentbatch.verification import MAX_CHECK_OUTPUT, CheckResult
 
@@ -29,28 +28,23 @@ MAX_REWARD_BYTES = 1_000_000
 
 
 def copy_solution(sandbox: Sandbox, task: HarborTask, owner: Probe) -> None:
-    """/solution for an oracle run, just before the agent's first command."""
+    """/solution for an oracle run, just before the agent's first command; solve.sh executable, as Harbor makes it."""
     container.put_dir(sandbox, task.file(SOLUTION), SOLUTION_DIR, owner)
+    container.run(sandbox, f"chmod +x {SOLUTION_DIR}/solve.sh")
 
 
-def run_tests(sandbox: Sandbox, task: HarborTask, timeout: float, before: Probe) -> CheckResult:
-    """End the agent's processes, copy the tests in, run them, read the reward; never raises ("error" instead)."""
-    start = time.monotonic()
-    try:
-        result = _run_tests(sandbox, task, timeout, before)
-    except (SandboxError, OSError) as e:  # the container is gone, or refused the files
-        result = CheckResult(status="error", output=cap_output(f"the check could not run: {e}", MAX_CHECK_OUTPUT))
-    result.seconds = time.monotonic() - start
-    return result
-
-
-def _run_tests(sandbox: Sandbox, task: HarborTask, timeout: float, before: Probe) -> CheckResult:
-    # Nothing the agent started may run beside the tests, and nothing it wrote may stand for the verifier's files.
-    container.end_processes(sandbox)
-    notes = _collect(sandbox, task, before)
-    container.put_dir(sandbox, task.file(TESTS), TESTS_DIR, before)
+def tests(
+    sandbox: Sandbox, task: HarborTask, timeout: float, before: Probe, notes: str, oracle: bool, copy: str = TESTS_DIR
+) -> CheckResult:
+    """tests/ copied to `copy` (None: the image holds them), /logs/verifier emptied, test.sh run as [verifier]
+    user, its reward read."""
+    if copy == TESTS_DIR:
+        container.put_dir(sandbox, task.file(TESTS), TESTS_DIR, before)
+    elif copy:
+        container.put_dir(sandbox, task.file(TESTS), copy, before, replace=False)
     container.run(sandbox, f"rm -rf {VERIFIER_LOGS} && mkdir -p {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS}")
-    done = sandbox.exec(_command(task, before, f"{shlex.quote(before.bash)} {TESTS_DIR}/test.sh"), timeout=timeout)
+    command = _command(task, before, f"{shlex.quote(before.bash)} {TESTS_DIR}/test.sh", oracle)
+    done = container.exec_as(sandbox, command, timeout, task.config.verifier_user or "")
     output = cap_output(notes + done.output, MAX_CHECK_OUTPUT)
     if done.timed_out:
         return CheckResult(status="timeout", output=output)
@@ -72,23 +66,16 @@ def _run_tests(sandbox: Sandbox, task: HarborTask, timeout: float, before: Probe
     )
 
 
-def _command(task: HarborTask, before: Probe, command: str) -> str:
-    """A command with the PATH of the image and the task's [verifier] env."""
-    env = {"PATH": before.path, **{k: v for k, v in task.config.verifier_env.items() if k.isidentifier()}}
-    return "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items()) + command
-
-
-def _collect(sandbox: Sandbox, task: HarborTask, before: Probe) -> str:
-    """Run the task's [[verifier.collect]] hooks, best effort as in Harbor; a note per hook that failed."""
-    notes = []
-    for hook in task.config.collect:
-        done = sandbox.exec(_command(task, before, hook.command), timeout=hook.timeout)
-        if done.timed_out or done.exit_code != 0:
-            how = f"ran past {hook.timeout:g} s" if done.timed_out else f"exited with {done.exit_code}"
-            last = (done.output.strip().splitlines() or [""])[-1][-200:]
-            notes.append(f"[collect hook {hook.command[:60]!r} {how}: {last}]\n")
-        container.end_processes(sandbox)  # what a hook started is not the tests' either
-    return "".join(notes)
+def _command(task: HarborTask, before: Probe, command: str, oracle: bool = False) -> str:
+    """A command with the PATH of the image and the task's [verifier] env; an oracle run's [solution] env, which
+    its container had for solve.sh, is taken away again (Harbor scopes it to solve.sh)."""
+    cfg = task.config
+    env = {"PATH": before.path, **{k: v for k, v in cfg.verifier_env.items() if k.isidentifier()}}
+    solution = [k for k in cfg.solution_env if k.isidentifier() and k not in env] if oracle else []
+    restore = {k: cfg.env[k] for k in solution if k in cfg.env}
+    unset = "".join(f"unset {k}; " for k in solution if k not in restore)
+    exports = {**restore, **env}
+    return unset + "".join(f"export {k}={shlex.quote(v)}; " for k, v in exports.items()) + command
 
 
 def read_rewards(sandbox: Sandbox) -> tuple[dict[str, float], str | None]:

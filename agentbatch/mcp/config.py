@@ -1,7 +1,7 @@
 """--mcp_config: the mcp.json other MCP clients read, checked at start into one ServerConfig per server.
 
 The shape is the usual `{"mcpServers": {"<name>": {...}}}`: a stdio server has `command` (and `args`,
-`env`, `cwd`), a Streamable HTTP server has `url` (and `headers`). The runner's own keys are `shared`
+`env`, `cwd`), a Streamable HTTP server has `url` (and `headers`), an SSE one `"type": "sse"` too. The runner's own keys are `shared`
 (a stdio server runs once per worker on the host instead of inside each sample's sandbox), `prefix`
 (put before each tool's name) and `tools` (offer only these). `${VAR}` in `args`, `env`, `cwd`, `url`
 and `headers` is the runner's environment variable VAR (`${VAR:-default}` when it may be unset).
@@ -43,10 +43,14 @@ class ServerConfig:
     shared: bool = False
     prefix: str = ""
     tools: tuple[str, ...] | None = None
+    sse: bool = False  # the URL speaks the older HTTP+SSE transport (Harbor's default for a task's servers)
+    # A URL of the sample's own network (a task's server in its container or beside it): its host is looked up
+    # there, and each sample has its own connection to its own server.
+    in_sample: bool = False
 
     @property
     def transport(self) -> str:
-        return "http" if self.url else "stdio"
+        return ("sse" if self.sse else "http") if self.url else "stdio"
 
     @property
     def in_sandbox(self) -> bool:
@@ -60,7 +64,7 @@ class ServerConfig:
     def describe(self) -> str:
         """How --verbose and the run's recorded tool set name the server (no env or header values)."""
         if self.url:
-            return f"{self.url} (Streamable HTTP)"
+            return f"{self.url} ({'SSE' if self.sse else 'Streamable HTTP'})"
         where = "shared, on the host" if self.shared else "in each sample's sandbox"
         return f"{' '.join((self.command or '', *self.args))} ({where})"
 
@@ -102,10 +106,10 @@ def parse(data: Any, where: str, getenv: Callable[[str], str | None] = os.enviro
 
 def _server(name: str, entry: dict, where: str, getenv: Callable[[str], str | None]) -> ServerConfig:
     kind = entry.get("type")
-    if kind == "sse":
-        raise FatalError(f"{where}: the SSE transport is not supported; use a Streamable HTTP url or a command")
-    if kind is not None and kind != "stdio" and kind not in HTTP_TYPES:
-        raise FatalError(f'{where}: type {kind!r}: use "stdio" or "http"')
+    if kind is not None and kind not in ("stdio", "sse") and kind not in HTTP_TYPES:
+        raise FatalError(f'{where}: type {kind!r}: use "stdio", "http" or "sse"')
+    if kind == "sse" and "url" not in entry:
+        raise FatalError(f"{where}: an SSE server needs a url")
     has_command, has_url = "command" in entry, "url" in entry
     if has_command == has_url:
         raise FatalError(f"{where}: give either a command (stdio) or a url (Streamable HTTP)")
@@ -128,7 +132,7 @@ def _server(name: str, entry: dict, where: str, getenv: Callable[[str], str | No
         url = expand("url", _string(entry, "url", where))
         if not re.match(r"^https?://[^/\s]+", url or ""):
             raise FatalError(f"{where}: url {url!r}: expected an http:// or https:// address")
-        return ServerConfig(url=url, headers=_mapping(entry, "headers", where, expand), **common)
+        return ServerConfig(url=url, headers=_mapping(entry, "headers", where, expand), sse=kind == "sse", **common)
     command = _string(entry, "command", where)
     if not command:
         raise FatalError(f"{where}: command is empty")

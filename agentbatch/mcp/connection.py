@@ -99,6 +99,10 @@ class Connection:
             self._ended = self._ended or "was closed"
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager:
+        if self.server.url and self.server.sse:
+            from mcp.client.sse import sse_client
+
+            return sse_client(self.server.url, headers=dict(self.server.headers) or None)
         if self.server.url:
             from mcp.client.streamable_http import streamable_http_client
             from mcp.shared._httpx_utils import create_mcp_http_client

@@ -6,6 +6,8 @@
   its own.
 - A shared stdio server runs once per worker on the host, and a URL server has one connection per
   worker; either is started (connected) at its first call, and again at the next call after it died.
+- A URL of the sample's own network (`in_sample`: a task's server in its container, or in a service beside
+  it) is reached at the address its host has there, with its own Host header, one connection per sample.
 
 Every call waits at most the command timeout (`--command_timeout`), and never past the sample's deadline.
 What the model sees is the server's result, or `{"error": ...}` saying why there is none.
@@ -14,6 +16,8 @@ What the model sees is the server's result, or `{"error": ...}` saying why there
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
+from urllib.parse import urlsplit, urlunsplit
 
 from agentbatch.mcp import host, schemas
 from agentbatch.mcp.config import ServerConfig
@@ -63,7 +67,7 @@ def call(ctx: ToolContext, server: ServerConfig, tool: schemas.McpTool, argument
     """The model's call of one MCP tool: the server's result as JSON, or {"error": why there is none}."""
     timeout = ctx.settings.command_timeout  # cut to the sample's time left
     try:
-        if server.in_sandbox:
+        if server.in_sandbox or server.in_sample:
             connection = _in_sample(ctx, server, timeout)
         else:
             connection = SHARED.get(server, timeout)
@@ -95,14 +99,33 @@ def start_in_sandbox(sandbox: Sandbox, server: ServerConfig) -> Process:
     return sandbox.start(argv, env=dict(server.env))
 
 
+def reached(sandbox: Sandbox, server: ServerConfig) -> ServerConfig:
+    """A URL of the sample's own network as the runner reaches it: its host's address there (localhost is the
+    sandbox itself), the Host header kept; SandboxError if the sandbox has no address for it."""
+    assert server.url is not None
+    parts = urlsplit(server.url)
+    address_of = getattr(sandbox, "address_of", None)
+    address = address_of(parts.hostname or "") if address_of is not None else None
+    if address is None:
+        raise SandboxError(f"{parts.hostname!r} has no address in the sample's network")
+    host = f"[{address}]" if ":" in address else address
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    headers = {"Host": parts.netloc, **server.headers}
+    return replace(server, url=urlunsplit(parts._replace(netloc=netloc)), headers=headers)
+
+
 def _in_sample(ctx: ToolContext, server: ServerConfig, timeout: float) -> Connection:
-    """The sample's own connection to the server, started in its sandbox at the first call."""
+    """The sample's own connection to the server, started in its sandbox (or reached in its network) at the first
+    call."""
     connections: dict[str, Connection] | None = ctx.resources.get(_RESOURCE)
     if connections is None:
         connections = ctx.resources[_RESOURCE] = {}
         ctx.on_cleanup(lambda: [c.close() for c in connections.values()])
     connection = connections.get(server.name)
     if connection is None:
-        connection = connections[server.name] = Connection(server, start_in_sandbox(ctx.sandbox(), server))
+        if server.url:
+            connection = connections[server.name] = Connection(reached(ctx.sandbox(), server))
+        else:
+            connection = connections[server.name] = Connection(server, start_in_sandbox(ctx.sandbox(), server))
         connection.start(timeout)
     return connection

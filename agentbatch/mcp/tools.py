@@ -43,19 +43,22 @@ def install(setup: McpSetup) -> None:
             return
         by_name = {s.name: s for s in setup.servers}
         for t in setup.tools:
-            registry.register(
-                registry.Tool(
-                    name=t.name,
-                    description=t.description,
-                    params=(),
-                    function=_caller(by_name[t.server], t),
-                    unavailable=lambda settings: None,
-                    toolset=t.server,
-                    parameters=t.parameters,
-                    origin=f"MCP server {t.server!r}",
-                )
-            )
+            registry.register(as_tool(by_name[t.server], t))
         _installed.add(id(setup))
+
+
+def as_tool(server: ServerConfig, t: schemas.McpTool) -> registry.Tool:
+    """One listed tool as a registry Tool: the server's schema, its toolset the server's name, calls sent to it."""
+    return registry.Tool(
+        name=t.name,
+        description=t.description,
+        params=(),
+        function=_caller(server, t),
+        unavailable=lambda settings: None,
+        toolset=t.server,
+        parameters=t.parameters,
+        origin=f"MCP server {t.server!r}",
+    )
 
 
 def _caller(server: ServerConfig, tool: schemas.McpTool):

@@ -79,6 +79,7 @@ def _read(readers: list[RunReader], names: list[str], writer: _Chunks) -> tuple[
                 "path": reader.dir,
                 "items": [first, len(index)],
                 "checkpoint": checkpoint,
+                "artifacts": reader.artifacts(),
                 **figures.to_dict(names[number], checkpoint, reader.counts),
             }
         )

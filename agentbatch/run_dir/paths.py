@@ -16,6 +16,9 @@ STATISTICS = "statistics.json"
 TOOLS = "tools.json"  # the run's tool set (tool_set.ToolSet.record): its toolsets and tools, built-in and own
 LOCK = "session.lock"
 HARBOR_WARNINGS = "harbor_warnings.json"  # the task.toml warnings a session of the run showed (harbor/run.py)
+ARTIFACTS = (
+    "artifacts"  # artifacts/<prompt index>-<sample index>/: the files a sample's check kept (run_dir/artifacts.py)
+)
 EXPORT = "export"  # export/<format>/ and export/report.json
 EXPORT_REPORT = "report.json"
 EXPORT_LOCK = "export.lock"  # in export/: held by the export writing there (run_dir/lock.py)
@@ -94,6 +97,12 @@ class RunPaths:
         if not name:
             return self.path(FINAL_STATE)
         return os.path.join(self.dir, FINAL_STATE, os.path.basename(name))
+
+    def artifacts(self, prompt_index: int | None = None, sample_index: int = 0) -> str:
+        """artifacts/, or one sample's folder in it."""
+        if prompt_index is None:
+            return self.path(ARTIFACTS)
+        return os.path.join(self.dir, ARTIFACTS, f"{int(prompt_index)}-{int(sample_index)}")
 
     def export(self, name: str = "") -> str:
         """export/, or a format's folder or a file in it."""

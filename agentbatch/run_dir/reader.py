@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from agentbatch.run_dir import lines
+from agentbatch.run_dir import artifacts, lines
 from agentbatch.run_dir.lines import ReadCounts, json_value
 from agentbatch.run_dir.paths import CHECKPOINT, DISCARDED, FAILED, TOOLS, RunPaths
 from agentbatch.run_dir.record_shape import KINDS, why_skipped
@@ -25,6 +25,7 @@ from agentbatch.secrets_guard import Redactor
 from agentbatch.tool_set import ToolSet
 
 Parse = Callable[[bytes], object]
+MAX_ARTIFACT_SAMPLES, MAX_ARTIFACT_FILES = 2000, 50  # what artifacts() lists of the artifacts/ folder
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,14 @@ class RunReader:
     def recorded_tools(self) -> ToolSet | None:
         """The tool set the run recorded (tools.json); None for a run from before it was kept, or a file not of it."""
         return ToolSet.from_record(read_json(self.paths.path(TOOLS)))
+
+    def artifacts(self) -> list[list]:
+        """[prompt index, sample index, folder, files] of each sample whose check kept files (run_dir/artifacts.py),
+        in order, the folder relative to the run; at most MAX_ARTIFACT_SAMPLES samples and MAX_ARTIFACT_FILES files
+        each. The files are listed by name, not read: the report links to them."""
+        kept = sorted(artifacts.listed(self.paths).items())[:MAX_ARTIFACT_SAMPLES]
+        folder = os.path.relpath(self.paths.artifacts(), self.dir)
+        return [[i, n, f"{folder}/{i}-{n}", files[:MAX_ARTIFACT_FILES]] for (i, n), files in kept]
 
     def notes(self) -> list[str]:
         """A sentence for each entry named like a file of the run that is not a regular file: it is skipped."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agentbatch.run_dir import artifacts
 from agentbatch.run_dir.files import RunFiles
 from agentbatch.run_dir.paths import CHECKPOINT, DISCARDED, FAILED, final_state_name
 from agentbatch.run_dir.reader import read_json
@@ -61,6 +62,8 @@ class Recorder:
         record = with_tool_names(o.record, files.tool_names) if o.record is not None else None
         if o.final_state is not None:
             record = self._keep_state(o, record)
+        if o.files:  # before its line: a line's files are there once the line is
+            artifacts.write(files.paths, o.index, o.sample_index, o.files, files.redact)
         if o.status == "done":
             if files.append(files.paths.batch(o.batch_num), record, kept=True):
                 self.on_trajectory(record)

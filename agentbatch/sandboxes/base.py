@@ -73,14 +73,43 @@ class SandboxSettings:
 
 
 @dataclass(frozen=True)
+class Egress:
+    """Where a sandbox's processes may connect, enforced from outside the sandbox (docker: firewall rules in the
+    container's network namespace, which nothing in it can change): only `allowed` (host names, IPv4 and IPv6
+    addresses, CIDR ranges; () nothing but the sandbox itself and its own services), or anywhere (None) in a sandbox
+    whose egress is controlled and may be narrowed later (`set_egress`)."""
+
+    allowed: tuple[str, ...] | None = ()
+
+
+@dataclass(frozen=True)
+class ComposeProject:
+    """Several containers for one sample, a Docker Compose project (docs/sandboxes.md, "Several containers"): the
+    sandbox is its `main` service, which the run's settings and the sample's resources apply to; the other services
+    run beside it on a network of the sample's own, reachable by name, and go with it."""
+
+    directory: str  # the project directory: relative paths in the files are from it
+    files: tuple[str, ...]  # the Compose files, in order (a later one overrides an earlier one)
+    env: tuple[tuple[str, str], ...] = ()  # the variables the files are interpolated with (none of the runner's)
+    built: tuple[tuple[str, str], ...] = ()  # (service, image tag) of the services built before any sample
+    timeout: float = 600.0  # seconds its services may take to start and become healthy (and its builds, each)
+    name: str = ""  # what log lines call it
+    labels: tuple[tuple[str, str], ...] = ()  # on the images it builds, beside the run directory's
+
+
+@dataclass(frozen=True)
 class Resources:
-    """A sample's own container resources (a Harbor task's); None leaves the run's flag in force."""
+    """A sample's own sandbox resources (a Harbor task's); None leaves the run's flag in force."""
 
     cpus: float | None = None
     memory_mb: int | None = None
     storage_mb: int | None = None  # applied where the engine's storage driver can (docs/harbor.md)
     network: bool | None = None  # False: no network, whatever --sandbox_network says
     env: tuple[tuple[str, str], ...] = ()  # variables of the container, over the image's
+    user: str | None = None  # whom its commands (and long-lived processes) run as; None: the image's user
+    egress: Egress | None = None  # where its processes may connect; None: wherever its network reaches
+    own_network: bool = False  # on a network of its own, made with it and removed with it (not the engine's bridge)
+    compose: ComposeProject | None = None  # the sandbox is this project's `main` service
 
 
 @dataclass(frozen=True)

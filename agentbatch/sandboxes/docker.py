@@ -1,5 +1,5 @@
 """The docker backend: one labelled container per sample, from the row's image (or the one its build made) or the
-run's default.
+run's default; or a Compose project of several (compose.py), the sandbox being its main service.
 
 This module only registers it: the docker SDK (docker_engine.py, docker_images.py, docker_container.py) is
 imported when a run first needs it, so runs that never use Docker never load it.
@@ -34,9 +34,11 @@ class DockerBackend(Backend):
     def prepare_all(self, specs: list[SandboxSpec], parallel: int, log: Callable[[str], None]) -> list[Prepared]:
         """Every build's image built or found, `parallel` at once, and every image's id if it is here
         (docker_images.py)."""
-        from agentbatch.sandboxes import docker_images
+        from agentbatch.sandboxes import compose, docker_images
 
-        return docker_images.prepare_all(specs, parallel, log)
+        prepared = docker_images.prepare_all(specs, parallel, log)
+        compose.prepare_all(specs, prepared, parallel, log)  # the services a Compose project builds
+        return prepared
 
     def prepare(self, spec: SandboxSpec) -> None:
         """The image is here (pulled if not, once per process); SandboxError at once if it cannot be had."""
@@ -50,6 +52,10 @@ class DockerBackend(Backend):
         docker_engine.ensure_image(image)
 
     def create(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.resources is not None and spec.resources.compose is not None:
+            from agentbatch.sandboxes.compose import ComposeSandbox
+
+            return ComposeSandbox(spec)  # several containers: the sandbox is the project's main service
         from agentbatch.sandboxes.docker_container import DockerSandbox
 
         return DockerSandbox(spec)

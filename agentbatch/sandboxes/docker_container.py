@@ -13,6 +13,11 @@ it started without any tag (a process that cleared its environment). Other execs
 
 A process the commands must not read (an MCP server given secrets) runs in a container of its own beside
 the sample's, on its network (start_apart): in one container, the image's user reads every process.
+
+A sample's resources may name the user its commands run as (else the image's), a network of the container's
+own, and an egress policy: the container is then made without NET_RAW and its egress set (docker_network.py,
+docker_egress.py) before anything runs in it; `set_egress` changes it later. A Compose project's `main` container, made by
+Compose, is driven the same way (`attach`, compose.py).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import uuid
 
 import docker.errors
 
+from agentbatch.sandboxes import docker_network
 from agentbatch.sandboxes.base import (
     MAX_FILE_BYTES,
     RUN_LABEL,
@@ -37,7 +43,7 @@ from agentbatch.sandboxes.base import (
     SandboxLost,
     SandboxSpec,
 )
-from agentbatch.sandboxes.docker_engine import ENGINE_ERRORS, client, message, remove
+from agentbatch.sandboxes.docker_engine import ENGINE_ERRORS, client, message, remove, remove_network
 from agentbatch.sandboxes.docker_resident import NoFifo, ResidentExec
 from agentbatch.sandboxes.docker_stream import ExecProcess, close, pump
 from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput
@@ -132,7 +138,7 @@ class DockerSandbox:
     (start_apart): same image, limits and working directory, on that sample's network (its localhost too).
     """
 
-    def __init__(self, spec: SandboxSpec, beside: DockerSandbox | None = None):
+    def __init__(self, spec: SandboxSpec, beside: DockerSandbox | None = None, attach: str | None = None):
         engine = client()
         self.spec = spec
         self.image = image = spec.image or spec.settings.docker_image
@@ -142,21 +148,33 @@ class DockerSandbox:
         self._resident_lock = threading.Lock()
         self._resident_refused = False  # the image cannot make a FIFO, or its shell would not start
         self._beside = beside
+        self._network: str | None = None  # the network of its own (Resources.own_network), removed with it
+        resources = spec.resources or Resources()
+        self.user = resources.user or ""  # whom commands run as ("": the image's user)
         try:
             config = engine.images.get(image).attrs.get("Config") or {}
         except ENGINE_ERRORS as e:
             raise SandboxError(f"cannot inspect Docker image {image!r}: {message(e)}") from e
         self.workdir = beside.workdir if beside else spec.cwd or config.get("WorkingDir") or DEFAULT_WORKDIR
-        user = config.get("User") or ""
-        image_env = {kv.split("=", 1)[0] for kv in config.get("Env") or []}
-        # Only these reach the container (on top of the image's own ENV): the runner's environment never does.
-        env = {k: SANDBOX_ENV[k] for k in IMAGE_ENV if k not in image_env}
-        if user.split(":")[0] in ("", "root", "0"):
-            env["HOME"] = "/root"
-        env.update(dict(spec.resources.env) if spec.resources else {})
+        if attach is not None:  # a container made by someone else (Compose): driven, not created
+            self.container_id = attach
+            try:
+                made = engine.api.inspect_container(attach).get("Config") or {}
+            except ENGINE_ERRORS as e:
+                raise SandboxError(f"cannot inspect container {attach[:12]}: {message(e)}") from e
+            self.workdir = spec.cwd or made.get("WorkingDir") or "/"
+            self._started(resources)
+            return
+        env = container_env(spec, config)
         labels = {**spec.labels, RUN_LABEL: spec.run_name}
         limits, network = _limits(spec)
-        network_mode = f"container:{beside.container_id}" if beside else "bridge" if network else "none"
+        if resources.egress is not None:
+            limits["cap_drop"] = ["NET_RAW"]  # a raw socket would go around the egress rules
+        if network and resources.own_network and not beside:
+            self._network = docker_network.own_network(container_name(spec.run_name), labels)
+        network_mode = (
+            f"container:{beside.container_id}" if beside else self._network or ("bridge" if network else "none")
+        )
         create = dict(
             entrypoint=KEEPALIVE,
             command=[],
@@ -182,23 +200,48 @@ class DockerSandbox:
                 limits.pop("storage_opt")
                 container = engine.containers.create(image, **create, **limits)
         except ENGINE_ERRORS as e:
+            self.cleanup()
             raise SandboxError(f"cannot create a container from {image!r}: {message(e)}") from e
         self.container_id = container.id
         try:
             container.start()
+        except ENGINE_ERRORS as e:
+            self.cleanup()
+            raise SandboxError(f"cannot start a container from {image!r}: {message(e)}") from e
+        self._started(resources)
+
+    def _started(self, resources: Resources) -> None:
+        """Once the container runs, before anything else runs in it: its egress set, its shell and user probed."""
+        try:
+            if resources.egress is not None and not self._beside:
+                self.set_egress(resources.egress.allowed)
             self.shell, self._uid, self._gid = self._run_probe()
             if self._uid != 0:
                 self._give_empty_workdir_to_user()
         except ENGINE_ERRORS as e:
             self.cleanup()
-            raise SandboxError(f"cannot start a container from {image!r}: {message(e)}") from e
+            raise SandboxError(f"cannot start a container from {self.image!r}: {message(e)}") from e
         except BaseException:
             self.cleanup()
             raise
 
+    def set_egress(self, allowed: tuple[str, ...] | None) -> None:
+        """Let the container's processes connect only to `allowed` (and its own services), or anywhere (None);
+        SandboxError if that cannot be done (the sample fails: a policy is never left unenforced)."""
+        docker_network.set_egress(self, allowed)
+
+    def stop(self) -> None:
+        """Stop the container at once (its processes killed), keeping it until cleanup; never raises."""
+        docker_network.stop(self.container_id)
+
+    def address_of(self, host: str) -> str | None:
+        """The address `host` has in the sandbox's network (localhost: the container itself), or None: how the
+        runner reaches a server of the sample's (an MCP URL)."""
+        return docker_network.address_of(self, host)
+
     def _run_probe(self) -> tuple[str, int, int]:
         """Which shell the image offers and whose files we write (so a non-root user can edit them)."""
-        result = self._exec(["sh", "-c", PROBE], timeout=30)
+        result = self._exec(["sh", "-c", PROBE], timeout=30, user=self.user)
         if result.exit_code != 0 or result.timed_out:
             raise SandboxError(f"image {self.image!r} cannot run sh in its container: {result.output.strip()[:300]}")
         lines = (result.output.splitlines() + ["", "0", "0"])[:3]
@@ -210,12 +253,16 @@ class DockerSandbox:
         script = f'[ -z "$(ls -A "$1" 2>/dev/null)" ] && chown {self._uid}:{self._gid} "$1"; true'
         self._exec(["sh", "-c", script, "sh", self.workdir], timeout=30, user="0")
 
-    def exec(self, command: str, timeout: float) -> ExecResult:
-        """Run a shell command in the working directory; past the timeout it is killed with what it started.
+    def exec(self, command: str, timeout: float, user: str | None = None) -> ExecResult:
+        """Run a shell command in the working directory, as the sandbox's user (or `user`: a name or uid, "" the
+        image's); past the timeout it is killed with what it started.
 
-        It runs in the container's resident shell (docker_resident.py) when that is free, else in an exec of
-        its own, as the same text, with the same tag.
+        As the sandbox's user it runs in the container's resident shell (docker_resident.py, started as that
+        user) when that is free, else in an exec of its own, as the same text, with the same tag; as another
+        user always in an exec of its own.
         """
+        if user is not None and user != self.user:
+            return self._exec_apart(command, timeout, user)
         # The first line of output is the shell's PID (a session leader), so a timeout can kill what it started.
         script = 'echo "$$"; exec 2>&1\n' + command
         resident = self._free_resident()
@@ -228,7 +275,7 @@ class DockerSandbox:
                 resident.lock.release()
         return self._exec_apart(command, timeout)
 
-    def exec_alone(self, command: str, timeout: float) -> ExecResult:
+    def exec_alone(self, command: str, timeout: float, user: str | None = None) -> ExecResult:
         """A command in an exec of its own, the resident shell ended first: for one that kills every process of
         the container (the runner's own clean-up, harbor/container.py), which would kill that shell under it."""
         with self._resident_lock:
@@ -236,10 +283,11 @@ class DockerSandbox:
         if resident is not None:
             with resident.lock:
                 resident.close()
-        return self._exec_apart(command, timeout)
+        return self._exec_apart(command, timeout, self.user if user is None else user)
 
-    def _exec_apart(self, command: str, timeout: float) -> ExecResult:
-        return self._exec([self.shell, "-c", 'echo "$$"; exec 2>&1\n' + command], timeout, tag=_new_tag())
+    def _exec_apart(self, command: str, timeout: float, user: str | None = None) -> ExecResult:
+        script = 'echo "$$"; exec 2>&1\n' + command
+        return self._exec([self.shell, "-c", script], timeout, tag=_new_tag(), user=self.user if user is None else user)
 
     def _free_resident(self) -> ResidentExec | None:
         """The container's resident shell, locked for one command (started now if there is none, or it ended);
@@ -314,7 +362,7 @@ class DockerSandbox:
         tag = _new_tag()
         # Its PID first, on stderr, so that stdout carries nothing but what the process writes.
         exec_id, sock = self._start_exec(
-            ["sh", "-c", 'echo "$$" >&2; exec "$@"', "sh", *argv], tag, stdin=True, env=env
+            ["sh", "-c", 'echo "$$" >&2; exec "$@"', "sh", *argv], tag, user=self.user, stdin=True, env=env
         )
         # A container of its own is its process's alone: the process's end is the container's.
         end = (lambda _pid: self.cleanup()) if self._beside else (lambda pid: self._kill(tag, pid))
@@ -476,6 +524,21 @@ class DockerSandbox:
         processes, self._processes = self._processes, []
         for process in processes:  # gone with the container (or with their own): this closes their connections
             process.kill()
+        network, self._network = self._network, None
+        if network:
+            remove_network(network)
+
+
+def container_env(spec: SandboxSpec, config: dict) -> dict[str, str]:
+    """The variables a sample's container gets on top of its image's (`config`): PATH and LANG where the image
+    sets none, HOME where its commands run as root, and the sample's own; nothing of the runner's."""
+    image_env = {kv.split("=", 1)[0] for kv in config.get("Env") or []}
+    env = {k: SANDBOX_ENV[k] for k in IMAGE_ENV if k not in image_env}
+    user = (spec.resources.user if spec.resources else None) or config.get("User") or ""
+    if user.split(":")[0] in ("", "root", "0"):
+        env["HOME"] = "/root"
+    env.update(dict(spec.resources.env) if spec.resources else {})
+    return env
 
 
 def _put_archive(api, container_id: str, path: str, data: bytes) -> None:

@@ -83,11 +83,35 @@ def remove(container_id: str) -> bool:
         return False  # already gone, or the engine is away: a later reap removes it by its label
 
 
-def remove_labelled(labels: dict[str, str]) -> int:
-    """Remove every container carrying all these labels; how many."""
-    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+def remove_network(name: str) -> bool:
+    """Remove a network (its containers gone first); False if it was gone or the engine is away."""
     try:
-        found = client().api.containers(all=True, quiet=True, filters=filters)
+        client().api.remove_network(name)
+        return True
+    except (docker.errors.DockerException, requests.RequestException, OSError, SandboxError):
+        return False
+
+
+def remove_labelled(labels: dict[str, str]) -> int:
+    """Remove every container carrying all these labels, then the networks and volumes that carry them (a Compose
+    project's, a container's own network); how many containers."""
+    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+    api = client().api
+    try:
+        found = api.containers(all=True, quiet=True, filters=filters)
     except ENGINE_ERRORS as e:
         raise SandboxError(f"cannot list containers: {message(e)}") from e
-    return sum(remove(c["Id"]) for c in found)
+    removed = sum(remove(c["Id"]) for c in found)
+    try:
+        networks = api.networks(filters=filters)
+        volumes = api.volumes(filters=filters).get("Volumes") or []
+    except ENGINE_ERRORS as e:
+        raise SandboxError(f"cannot list networks and volumes: {message(e)}") from e
+    for network in networks:
+        remove_network(network["Id"])
+    for volume in volumes:
+        try:
+            api.remove_volume(volume["Name"], force=True)
+        except ENGINE_ERRORS:
+            pass  # in use by a container being removed, or gone: the next reap
+    return removed

@@ -81,7 +81,9 @@ class ResidentExec:
         self._pending = bytearray()  # bytes of the stream not yet split into frames
         self._errors = BoundedOutput(keep=4096)
         start = secrets.token_hex(16)
-        self._exec_id, self._sock = sandbox._start_exec(["sh", "-c", RUNNER, "sh", start, sandbox.shell], stdin=True)
+        self._exec_id, self._sock = sandbox._start_exec(
+            ["sh", "-c", RUNNER, "sh", start, sandbox.shell], user=getattr(sandbox, "user", ""), stdin=True
+        )
         self._raw = getattr(self._sock, "_sock", self._sock)
         out = BoundedOutput(keep=4096)
         found = self._until(start.encode(), out, time.monotonic() + START_TIMEOUT)

@@ -1,4 +1,5 @@
-"""A FastMCP server for the tests: stdio by default, Streamable HTTP on 127.0.0.1 with `--port N`."""
+"""A FastMCP server for the tests: stdio by default, Streamable HTTP on 127.0.0.1 with `--port N` (the older HTTP+SSE
+transport with `--sse` too)."""
 
 import os
 import sys
@@ -31,6 +32,7 @@ def nap(seconds: float) -> str:
 if __name__ == "__main__":
     if "--port" in sys.argv:
         port = int(sys.argv[sys.argv.index("--port") + 1])
-        server.run(transport="http", host="127.0.0.1", port=port, show_banner=False, log_level="WARNING")
+        transport = "sse" if "--sse" in sys.argv else "http"
+        server.run(transport=transport, host="127.0.0.1", port=port, show_banner=False, log_level="WARNING")
     else:
         server.run(show_banner=False, log_level="WARNING")

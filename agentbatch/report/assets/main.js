@@ -10,8 +10,9 @@ const VIEWS = [
   ["tools", "Tools", (run) => toolsView(run)],
   ["usage", "Tokens, cost, time", (run) => usageView(run)],
   ["problems", "Discards & failures", (run) => problemsView(run)],
+  ["artifacts", "Artifacts", (run) => artifactsView(run), false, true],
   ["trajectories", "Trajectories", null],
-].filter(([, , , multi]) => !multi || DATA.runs.length > 1);
+].filter(([, , , multi, files]) => (!multi || DATA.runs.length > 1) && (!files || DATA.runs.some((r) => (r.artifacts || []).length)));
 let content = null;
 let nav = null;
 

@@ -162,3 +162,18 @@ function problemsView(run) {
     ),
   ];
 }
+
+function artifactsView(run) {
+  // The files each sample's check kept (a Harbor task's artifacts), in the run directory beside this page.
+  const rows = (DATA.runs[run].artifacts || []).map(([prompt, sample, folder, files]) => [
+    `prompt ${prompt}, sample ${sample}`,
+    el("span", null, files.map((f) => el("a", { class: "artifact", href: encodeURI(`${folder}/${f}`), text: f })).flatMap((a) => [a, " "])),
+  ]);
+  return [
+    section(
+      "Artifacts",
+      note("Files the checks kept, one folder per sample (artifacts/<prompt>-<sample>/ in the run directory; manifest.json says what each entry collected). The links open them from there."),
+      rows.length ? table(["sample", "files"], rows, "artifacts") : el("p", null, "No sample of this run kept files."),
+    ),
+  ];
+}
