@@ -84,8 +84,9 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
             verification.run_setup(ctx, task.setup, check_timeout)
         before = task.hooks.before_agent(hooked) if task.hooks is not None else None
         tools = offered_tools(task.toolsets, cfg.tools) + (task.hooks.tools(hooked, before) if task.hooks else [])
+        prompt = task.hooks.prompt(hooked, before, task.prompt) if task.hooks is not None else task.prompt
         result = run_agent(
-            task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
+            prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
         )
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error

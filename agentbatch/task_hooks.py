@@ -49,6 +49,11 @@ class TaskHooks:
         toolsets are ones the format's `ready` step named, so that the run's tool set holds them)."""
         return []
 
+    def prompt(self, sample: HookContext, before: Any, prompt: str) -> str:
+        """After `tools`: the prompt the agent gets, from the entry's own (what its environment offers the agent
+        may be added to it, as Harbor's agent lists a task's skills); the sample's line records what was sent."""
+        return prompt
+
     def check(self, sample: HookContext, before: Any) -> CheckResult | None:
         """After the agent's last turn, in the same sandbox: the sample's check (None: the row's own applies)."""
         return None

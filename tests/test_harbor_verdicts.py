@@ -66,12 +66,12 @@ def cli(root: Path, out: Path, run_name: str, *extra: str, server=None):
 def test_the_oracles_verdicts_rewards_and_breakdowns(tmp_path, out, harbor_base, docker_run_name):
     root = tmp_path / "tasks"
     cat = '[metadata]\ncategory = "text"\ndifficulty = "easy"\n'
-    task(root, "passes", "echo 1 > /logs/verifier/reward.txt\n", toml=cat + '[environment]\nskills_dir = "/skills"\n')
+    task(root, "passes", "echo 1 > /logs/verifier/reward.txt\n", toml='flavour = "odd"\n' + cat)
     task(
         root,
         "two-rewards",
         reward_json('{"reward": 1.0, "accuracy": 0.5, "note": "text"}'),
-        toml='[environment]\nskills_dir = "/other"\n',
+        toml='flavour = "odd"\n',
     )
     # A reward.json whose "reward" is no finite number is no result, whatever else it holds: never a pass.
     task(root, "nan-reward", reward_json('{"reward": NaN, "accuracy": 1.0}'))
@@ -130,10 +130,10 @@ def test_the_oracles_verdicts_rewards_and_breakdowns(tmp_path, out, harbor_base,
 
     err = done.stderr
     assert "slow-build: skipped: [environment] build_timeout_sec must be a positive number up to 604800" in err
-    assert "unknown field" not in err
-    assert err.count("[environment] skills_dir is not applied") == 1  # one line for the field, naming its tasks
-    assert "this runner's has no skills) (passes, two-rewards)" in err
-    assert "is not applied" not in err.replace("skills_dir is not applied", "")  # artifacts: collected now
+    assert err.count("unknown field 'flavour' ignored") == 1  # one line for the field, naming its tasks
+    assert "unknown field 'flavour' ignored (passes, two-rewards)" in err
+    assert err.count("unknown field") == 1
+    assert "is not applied" not in err  # artifacts: collected now; skills_dir: listed in the prompt
     assert ESC not in done.stdout + err and "evil\\x1b]0;pwned\\x07\\x1b[2J" in done.stdout + err
 
     o = run.stats()["outcomes"]

@@ -3,9 +3,10 @@
 Before the agent: the task's environment is up (its Compose services healthy, its network baseline set), its
 [environment] healthcheck passes, and what the tests will run with is noted (container.probe); nothing of the
 task's tests or solution is in its container (only an oracle run gets /solution, just before its one command);
-then the agent's network policy, if [agent] sets one. The agent's commands run as [agent] user. Its tools are the
-run's and the task's own MCP servers' (task_mcp.py). After: the check (check.py), within the check's time limit
-the runner gives. The container's resources are the task's (`resources`), given with its entry.
+then the agent's network policy, if [agent] sets one; the task's skills listed after its instruction (skills.py).
+The agent's commands run as [agent] user. Its tools are the run's and the task's own MCP servers' (task_mcp.py).
+After: the check (check.py), within the check's time limit the runner gives. The container's resources are the
+task's (`resources`), given with its entry.
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ class HarborHooks(TaskHooks):
         from agentbatch.harbor import task_mcp
 
         return task_mcp.sample_tools(self.mcp)
+
+    def prompt(self, sample: HookContext, before: Probe, prompt: str) -> str:
+        """The instruction, and the task's skills ([environment] skills_dir) listed after it as Harbor's agent
+        lists them (skills.py)."""
+        skills_dir = self.task.config.environment.skills_dir
+        if not skills_dir:
+            return prompt
+        from agentbatch.harbor import skills
+
+        return prompt + skills.section(sample.sandbox(), skills_dir)
 
     def check(self, sample: HookContext, before: Probe) -> CheckResult:
         """The task's collect hooks, artifacts and tests, after the agent's last turn (check.py)."""

@@ -239,10 +239,6 @@ def environment(env: dict, section: str, warnings: list[str]) -> EnvConfig:
         raise TaskError(f"{section} gpus = {short(gpus)}: containers here get no GPUs")
     if env.get("tpu") is not None:
         raise TaskError(f"{section} tpu: containers here get no TPUs")
-    if out.skills_dir is not None:
-        warnings.append(
-            f"{section} skills_dir is not applied (Harbor hands it to its agent, which decides; this runner's has no skills)"
-        )
     return out
 
 
