@@ -261,19 +261,19 @@ class Session:
 
     def _exit_code(self, stats: dict, interrupted: bool, budget_stopped: bool) -> int:
         """The session's exit code (docs/output.md), with the line that says what to do next."""
-        prompts = stats["prompts"]
+        samples = stats["samples"]
         if interrupted:
             print("stopped by Ctrl-C; run again with --resume to finish", file=sys.stderr)
             return EXIT_INTERRUPTED
-        if budget_stopped and prompts["not_run"]:
+        if budget_stopped and samples["not_run"]:
             print(
-                f"budget reached ({self.budget.describe()}): {prompts['not_run']} prompts not run; "
+                f"budget reached ({self.budget.describe()}): {samples['not_run']} samples not run; "
                 "--resume with a larger budget runs them",
                 file=sys.stderr,
             )
             return EXIT_BUDGET
-        if prompts["failed"]:
-            print(f"{prompts['failed']} prompts failed (see {FAILED}); --resume re-runs them", file=sys.stderr)
+        if samples["failed"]:
+            print(f"{samples['failed']} samples failed (see {FAILED}); --resume re-runs them", file=sys.stderr)
             return EXIT_FAILURES
         return 0
 

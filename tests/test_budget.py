@@ -98,7 +98,7 @@ def test_the_budget_stops_new_prompts_and_a_resume_with_a_larger_one_runs_exactl
         assert spent >= budget - 3 * CALL_COST and 7 <= done <= 10
         stats = run.stats()
         assert stats["prompts"]["not_run"] == 20 - done and stats["prompts"]["failed"] == 0
-        assert f"{20 - done} prompts not run" in first.stderr and "budget reached" in first.stderr
+        assert f"{20 - done} samples not run" in first.stderr and "budget reached" in first.stderr
         assert run.json("checkpoint.json")["state"] == "budget_spent"
 
         # The same budget again: already spent, so nothing starts and nothing is asked of the endpoint.
