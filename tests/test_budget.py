@@ -142,7 +142,7 @@ def test_admission_projects_the_prompts_in_flight():
     known = Budget(BudgetSettings(usd=1.0), Spend(cost=0.5, tokens=0, attempts=100, paid=100))  # $0.005 a prompt
     assert known.may_start(80) and not known.may_start(100)
     assert not Budget(BudgetSettings(usd=1.0), Spend(cost=1.0, attempts=3, paid=3)).may_start(0)
-    assert known.prompts_left(10) == 90
+    assert known.samples_left(10) == 90
 
 
 def test_attempts_that_spent_nothing_say_nothing_about_what_a_prompt_costs():

@@ -192,7 +192,7 @@ class ModelClient:
         if ticket is None or ends <= time.monotonic():
             if ticket is not None:
                 self.pacer.release(ticket, 0, None)
-            raise DeadlineReached("the prompt's time limit was reached before the model answered")
+            raise DeadlineReached("the sample's time limit was reached before the model answered")
         status, headers = 0, None
         try:
             r = self._connection().post(path, content, ends, MAX_REPLY_BYTES)
