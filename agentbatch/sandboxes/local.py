@@ -40,7 +40,7 @@ class LocalSandbox:
         self.method = containment_method or containment.best()
         self._count = itertools.count()
         # Made when first needed (a command, a relative path), not for every prompt: creating and removing a
-        # directory per sample queued 1,024 sessions on the file system (bench/RESULTS.md).
+        # directory per sample queued 1,024 samples on the file system (bench/RESULTS.md).
         self._tmp: str | None = None
         self._roots = _roots(cwd)
         self._processes: list[PipeProcess] = []
