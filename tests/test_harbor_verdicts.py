@@ -124,7 +124,7 @@ def test_the_oracles_verdicts_rewards_and_breakdowns(tmp_path, out, harbor_base,
     verdict = done.stdout[done.stdout.index("oracle: ") :]
     assert (
         "    crashed-solution: solve.sh exited with 2: sed: can't read /solution/x.sh: No such file or directory; "
-        "the tests: failed (reward 0)"
+        "the tests: not passed (reward 0)"
     ) in verdict
     assert "    nan-reward: the tests gave no result: " in verdict
 
