@@ -20,7 +20,7 @@ from agentbatch.run_dir.spend import Spend
 
 @dataclass(frozen=True)
 class BudgetSettings:
-    """The flags: the run's budgets, and the per-sample limits (--max_*_per_prompt) that bound what one sample can spend."""
+    """The flags: the run's budgets, and the per-sample limits (--max_*_per_prompt) bounding one sample's spend."""
 
     usd: float | None = None
     tokens: int | None = None

@@ -250,7 +250,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "sandbox_starts",
         None,
-        "sandboxes being created at once over all workers (container starts are paced apart from the samples in flight)",
+        "sandboxes being created at once over all workers (container starts are paced apart from the samples)",
         _optional(_int(1, MAX_SAMPLES_IN_FLIGHT)),
         shown_default="2 × cores",
         kind=int,
