@@ -43,7 +43,7 @@ def run_agent(
     prefill: list[dict] | None = None,
     logprobs: bool = False,
 ) -> AgentResult:
-    """Run one prompt; model errors that outlast the retries propagate (the prompt fails).
+    """Run one sample's conversation; model errors that outlast the retries propagate (the sample fails).
 
     With `logprobs`, each saved assistant message keeps the reply's token log probabilities (model.logprobs).
     """

@@ -2,12 +2,12 @@
 
 What the run has spent is read from its files when a session starts (run_dir's reader, RunReader.spend: the
 batch files, discarded.jsonl and failed.jsonl, every attempt that was paid for) and grows as this session's
-prompts finish. A prompt may start only while what is spent, plus the projected cost of the prompts in
-flight and of this one, stays within the budget; running prompts always finish. The projection is the mean
+samples finish. A sample may start only while what is spent, plus the projected cost of the samples in
+flight and of this one, stays within the budget; running samples always finish. The projection is the mean
 spend of the paid attempts so far (those that spent anything: a failed setup, a missing image or a refused
-request costs nothing and says nothing about what a prompt costs), with a margin that shrinks as more of
-them finish, and never more than a per-prompt limit; before any paid attempt has finished one prompt runs at
-a time (or, with a per-prompt limit, as many as the limit allows), so even the first wave cannot overrun.
+request costs nothing and says nothing about what a sample costs), with a margin that shrinks as more of
+them finish, and never more than a per-sample limit; before any paid attempt has finished one sample runs at
+a time (or, with a per-sample limit, as many as the limit allows), so even the first wave cannot overrun.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from agentbatch.run_dir.spend import Spend
 
 @dataclass(frozen=True)
 class BudgetSettings:
-    """The flags: the run's budgets, and the per-prompt limits that bound what one prompt can spend."""
+    """The flags: the run's budgets, and the per-sample limits (--max_*_per_prompt) bounding one sample's spend."""
 
     usd: float | None = None
     tokens: int | None = None
@@ -33,26 +33,26 @@ class BudgetSettings:
 
 
 class Budget:
-    """The run's spend against its budgets, and whether another prompt may start."""
+    """The run's spend against its budgets, and whether another sample may start."""
 
     def __init__(self, settings: BudgetSettings, spent: Spend):
         self.settings = settings
         self.spent = spent
-        self.stopped = False  # set by the session once the budget kept a prompt from starting for good
+        self.stopped = False  # set by the session once the budget kept a sample from starting for good
 
     def add(self, usage: dict | None) -> None:
-        """A prompt finished (done, discarded or failed): what it spent counts."""
+        """A sample finished (done, discarded or failed): what it spent counts."""
         self.spent.add(usage)
 
     def may_start(self, in_flight: int) -> bool:
-        """Whether one more prompt fits, `in_flight` prompts running."""
+        """Whether one more sample fits, `in_flight` samples running."""
         s, spent = self.settings, self.spent
         return _fits(s.usd, spent.cost, spent.paid, s.usd_per_prompt, in_flight) and _fits(
             s.tokens, spent.tokens, spent.paid, s.tokens_per_prompt, in_flight
         )
 
-    def prompts_left(self, in_flight: int) -> int | None:
-        """How many more prompts the budget is projected to let start, besides those in flight; None: no bound."""
+    def samples_left(self, in_flight: int) -> int | None:
+        """How many more samples the budget is projected to let start, besides those in flight; None: no bound."""
         n = None
         for limit, spent, mean in (
             (self.settings.usd, self.spent.cost, self.mean_cost()),
@@ -81,18 +81,18 @@ class Budget:
         return ", ".join(parts)
 
 
-def _fits(limit, spent, paid: int, per_prompt_cap, in_flight: int) -> bool:
+def _fits(limit, spent, paid: int, per_sample_cap, in_flight: int) -> bool:
     if limit is None:
         return True
     if spent >= limit:
         return False
     if paid == 0:
-        if per_prompt_cap is None:
-            return in_flight == 0  # nothing known yet: one prompt at a time until one has spent something
-        return spent + (in_flight + 1) * per_prompt_cap <= limit
-    # A mean over few prompts may be far off: project more than it, less so as more prompts finish; a
-    # per-prompt limit bounds what each prompt can spend, whatever the mean says.
+        if per_sample_cap is None:
+            return in_flight == 0  # nothing known yet: one sample at a time until one has spent something
+        return spent + (in_flight + 1) * per_sample_cap <= limit
+    # A mean over few samples may be far off: project more than it, less so as more samples finish; a
+    # per-sample limit bounds what each sample can spend, whatever the mean says.
     each = spent / paid * (1 + 2 / math.sqrt(paid))
-    if per_prompt_cap is not None:
-        each = min(each, per_prompt_cap)
+    if per_sample_cap is not None:
+        each = min(each, per_sample_cap)
     return spent + (in_flight + 1) * each <= limit

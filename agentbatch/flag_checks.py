@@ -139,7 +139,7 @@ def _size_bytes(value: Any) -> int | None:
 
 
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([bkmg]?)b?", re.ASCII)
-# Docker's own minimum; checked here because a bad limit would otherwise surface at every prompt's first tool call.
+# Docker's own minimum; checked here because a bad limit would otherwise surface at every sample's first tool call.
 MIN_MEMORY_BYTES = 6 * 1024 * 1024
 _MEMORY_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 

@@ -109,7 +109,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "batch_size",
         None,
-        "prompts per batch file",
+        "samples per batch file",
         _optional(_int(1, 10**9)),
         shown_default="required",
         kind=int,
@@ -164,7 +164,7 @@ FLAGS: tuple[Flag, ...] = (
         shown="env",
         group="model",
     ),
-    Flag("max_turns", 10, "model calls per prompt", _int(1, 1_000_000), group="limits"),
+    Flag("max_turns", 10, "model calls per sample", _int(1, 1_000_000), group="limits"),
     Flag(
         "max_tokens",
         None,
@@ -176,7 +176,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "max_tokens_per_prompt",
         None,
-        "tokens (prompt + completion, all calls) after which a prompt makes no further model call: `partial`, stop_reason `tokens`",
+        "tokens (prompt + completion, all calls) after which a sample makes no further model call: `partial`, stop_reason `tokens`",
         _optional(_int(1, numbers.MAX_COUNT)),
         kind=int,
         group="limits",
@@ -184,7 +184,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "max_cost_per_prompt",
         None,
-        "USD after which a prompt makes no further model call: `partial`, stop_reason `cost`",
+        "USD after which a sample makes no further model call: `partial`, stop_reason `cost`",
         _optional(check.usd),
         kind=float,
         group="limits",
@@ -192,7 +192,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "prompt_timeout",
         None,
-        "seconds a prompt may run, tools included; its model call or command is cut then: `partial`, stop_reason `time`",
+        "seconds a sample may run, tools included; its model call or command is cut then: `partial`, stop_reason `time`",
         _optional(check.seconds),
         kind=float,
         group="limits",
@@ -216,7 +216,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "budget_usd",
         None,
-        'spend of the whole run, earlier sessions included, past which no new prompt starts (see "Limits, cost and budget")',
+        'spend of the whole run, earlier sessions included, past which no new sample starts (see "Limits, cost and budget")',
         _optional(check.usd),
         kind=float,
         group="budget",
@@ -224,7 +224,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "budget_tokens",
         None,
-        "tokens of the whole run, earlier sessions included, past which no new prompt starts",
+        "tokens of the whole run, earlier sessions included, past which no new sample starts",
         _optional(_int(1, 10**15)),
         kind=int,
         group="budget",
@@ -232,15 +232,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "num_workers",
         4,
-        "parallel sessions: a worker runs one prompt at a time, as a thread; the threads share at most one "
-        "process per core (see Scale)",
+        "samples in flight, one per slot (a thread); the slots share worker processes, at most one per core "
+        "unless the open-file limit asks for more (see Scale)",
         _int(1, MAX_SAMPLES_IN_FLIGHT),
         group="scale",
     ),
     Flag(
         "concurrency",
         None,
-        "prompts in flight, when given: overrides --num_workers (1,024 work on 2 cores); model calls are paced "
+        "samples in flight, when given: overrides --num_workers (1,024 work on 2 cores); model calls are paced "
         "below it when the endpoint answers 429 or is overloaded",
         _optional(_int(1, MAX_SAMPLES_IN_FLIGHT)),
         shown_default="num_workers",
@@ -250,7 +250,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "sandbox_starts",
         None,
-        "sandboxes being created at once over all workers (container starts are paced apart from prompts)",
+        "sandboxes being created at once over all workers (container starts are paced apart from the samples)",
         _optional(_int(1, MAX_SAMPLES_IN_FLIGHT)),
         shown_default="2 × cores",
         kind=int,
@@ -259,11 +259,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "resume",
         False,
-        "continue the run: done and discarded prompts are skipped, failed ones re-run",
+        "continue the run: done and discarded samples are skipped, failed ones re-run",
         check.boolean,
         group="run",
     ),
-    Flag("verbose", False, "log every prompt; tracebacks on fatal errors", check.boolean, group="run"),
+    Flag("verbose", False, "log every sample; tracebacks on fatal errors", check.boolean, group="run"),
     Flag(
         "progress_seconds",
         10.0,
@@ -473,7 +473,7 @@ FLAGS: tuple[Flag, ...] = (
         "max_retries",
         5,
         "retries of a model call (429 honouring Retry-After, 408, 409, 5xx, timeouts, dropped connections, "
-        "malformed replies; other 4xx fail at once) before the prompt fails",
+        "malformed replies; other 4xx fail at once) before the sample's attempt fails",
         _int(0, 100),
         group="model",
     ),

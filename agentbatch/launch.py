@@ -62,7 +62,7 @@ def require_run_flags(s: Settings) -> None:
     if s.run.dataset_file is None:
         raise FatalError('--dataset_file is required: a JSONL file with one {"prompt": ...} per line')
     if s.run.batch_size is None:
-        raise FatalError("--batch_size is required: how many prompts go in each batch file")
+        raise FatalError("--batch_size is required: how many samples go in each batch file")
     if s.run.run_name is None:
         raise FatalError("--run_name is required: output goes to data/<run_name>/")
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 from agentbatch.model.usage import Usage
 
-TIME_LIMIT_MESSAGE = "not run: the prompt's time limit was reached"
+TIME_LIMIT_MESSAGE = "not run: the sample's time limit was reached"
 
 
 @dataclass(frozen=True)
 class PromptLimits:
-    """The run's per-prompt limits (--prompt_timeout, --max_tokens_per_prompt, --max_cost_per_prompt); None: none."""
+    """The run's per-sample limits (--prompt_timeout, --max_tokens_per_prompt, --max_cost_per_prompt); None: none."""
 
     seconds: float | None = None
     tokens: int | None = None

@@ -137,7 +137,8 @@ def _figures(groups: list[_Group], unchecked: int) -> dict:
     return {
         "checked": n,
         "passed": passes,
-        "failed": n - passes - timeout - error,
+        "not_passed": n - passes - timeout - error,  # checks that gave a result other than a pass
+        "failed": n - passes - timeout - error,  # `not_passed`'s old name, kept one release (docs/output.md)
         "timeout": timeout,
         "error": error,
         "unchecked": unchecked,
@@ -164,7 +165,7 @@ def format_outcomes(outcomes: dict | None) -> list[str]:
     rate = f"{o['pass_rate']:.1%}" if o["pass_rate"] is not None else "n/a"
     reward = f"{o['mean_reward']:.3f}" if o["mean_reward"] is not None else "n/a"
     lines = [
-        f"  checks: {o['passed']} passed, {o['failed']} failed, {o['timeout']} timed out, {o['error']} could not run, "
+        f"  checks: {o['passed']} passed, {o['not_passed']} not passed, {o['timeout']} timed out, {o['error']} could not run, "
         f"{o['unchecked']} without a check; pass rate {rate}, mean reward {reward}"
     ]
     ks = shown_ks(o["pass_at_k"])

@@ -1,7 +1,7 @@
 """The runner's own processes: they die with the runner, and no other process of the user can read them.
 
 - Parent death: a worker whose runner was killed (kill -9, OOM) would go on calling the paid endpoint for
-  prompts whose results nobody will record. The kernel's parent-death signal kills it with the runner.
+  samples whose results nobody will record. The kernel's parent-death signal kills it with the runner.
 - A tool's fork: a process a worker forks (a tool calling os.fork, or multiprocessing) would outlive it
   forever; it dies with the thread that forked it, so at the latest with its worker.
 - Inspection: a local-sandbox command runs as the runner's user, so it could read the API key out of the
@@ -74,7 +74,7 @@ def guard_worker(secrets: Iterable[str], die_with_parent: bool = True) -> None:
     """At the start of a worker process: die with the runner (and what it forks with it), refuse inspection,
     redact every log line.
 
-    A worker logs warnings only, as the runner's format: --verbose's line per prompt is the runner's.
+    A worker logs warnings only, as the runner's format: --verbose's line per sample is the runner's.
     """
     if die_with_parent:
         _die_with_parent()

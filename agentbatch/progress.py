@@ -1,5 +1,5 @@
-"""The live view of a session (docs/output.md, "Progress"): prompts done / failed / discarded / in flight, tokens per
-second, spend and projected spend, and an ETA projected from the prompts finished so far.
+"""The live view of a session (docs/output.md, "Progress"): samples done / failed / discarded / in flight, tokens per
+second, spend and projected spend, and an ETA projected from the samples finished so far.
 
 On a terminal one line is redrawn in place every second; anywhere else (a CI log, a file) a plain line is
 printed every --progress_seconds and once at the end, so the log never holds carriage returns or escapes.
@@ -34,9 +34,9 @@ class Snapshot:
     spent_label: str = "this session"
     projected: float | None = None
     budget: float | None = None
-    eta: float | None = None  # seconds; None until a prompt has finished, and while only overdue ones run
+    eta: float | None = None  # seconds; None until a sample has finished, and while only overdue ones run
     ages: list[float] = field(default_factory=list)
-    overdue: float | None = None  # with no ETA: how long the longest of the prompts running past the mean has run
+    overdue: float | None = None  # with no ETA: how long the longest of the samples running past the mean has run
 
     @property
     def finished(self) -> int:
@@ -86,7 +86,7 @@ class Progress:
             self._spend.add(usage)
 
     def message(self, text: str) -> None:
-        """A line of its own (a --verbose prompt line, a notice), kept clear of the live line."""
+        """A line of its own (a --verbose sample line, a notice), kept clear of the live line."""
         with self._lock:
             self._write(("\r\x1b[K" if self._drawn else "") + text + "\n")
             self._drawn = False
@@ -160,7 +160,7 @@ class Progress:
         if finished:
             not_started = self.total - finished - snap.in_flight
             if budget is not None:
-                left = budget.prompts_left(snap.in_flight)
+                left = budget.samples_left(snap.in_flight)
                 if left is not None:
                     not_started = min(not_started, left)
             snap.eta = eta(self._seconds / finished, snap.ages, not_started, self.slots)
@@ -170,11 +170,11 @@ class Progress:
 
 
 def eta(mean_seconds: float, ages: list[float], not_started: int, slots: int) -> float | None:
-    """Seconds until the session ends, from the mean duration of finished prompts (not from batches).
+    """Seconds until the session ends, from the mean duration of finished samples (not from batches).
 
-    Each running prompt is expected to take the mean in all (its remainder: the mean minus its age); the
-    prompts not started share the slots; the end is no sooner than the longest remainder. A prompt running
-    past the mean has no remainder to expect: once only such prompts are left there is no estimate (None),
+    Each running sample is expected to take the mean in all (its remainder: the mean minus its age); the
+    samples not started share the slots; the end is no sooner than the longest remainder. A sample running
+    past the mean has no remainder to expect: once only such samples are left there is no estimate (None),
     never a 0 while something still runs.
     """
     remainders = [mean_seconds - a for a in ages if a < mean_seconds]

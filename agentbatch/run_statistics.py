@@ -154,8 +154,8 @@ class RunStats:
         self.cost_failed += cost_of(line.get("usage"))
         self._group(line, "failed", line.get("model"))
 
-    def count_failed_prompts(self, n: int) -> None:
-        """Prompts whose last attempt failed: the `error` way a sample ends, beside the trajectories' reasons."""
+    def count_failed_samples(self, n: int) -> None:
+        """Samples whose last attempt failed: the `error` way a sample ends, beside the trajectories' reasons."""
         if n:
             self.stop_reasons["error"] = n
 
@@ -240,13 +240,14 @@ class Tally:
         for line in reader.failures():
             stats.add_failed_attempt(line.record)
             answers.count(line.record, failed)
-        prompts = answers.last_words(entries, samples, self.kept, discarded, failed)
-        stats.count_failed_prompts(prompts["failed"])
+        by_end = answers.last_words(entries, samples, self.kept, discarded, failed)
+        stats.count_failed_samples(by_end["failed"])
         doc = stats.to_dict(
             run_name=run["run_name"],
             model=run["model"],
             distribution=run["distribution"],
-            prompts=prompts,
+            samples=by_end,
+            prompts=dict(by_end),  # `samples`' old name, kept one release for its readers (docs/output.md)
             merge=merge_counts(merged),
             duration_seconds=run["duration_seconds"],
             updated_at=run["updated_at"],
@@ -278,15 +279,15 @@ def _add_tokens(into: dict[str, int], usage: object) -> None:
 def format_summary(stats: dict) -> str:
     """The printed end-of-run summary."""
     samples = (stats.get("outcomes") or {}).get("samples_per_prompt") or 1
-    total = stats["prompts"]["total"]
+    total = stats["samples"]["total"]
     what = f"{total // samples} prompts × {samples} samples" if samples > 1 else f"{total} prompts"
     lines = [
         "",
         f"Run {stats.get('run_name')}: {what} in the dataset",
-        f"  done {stats['prompts']['done']}  (completed {stats['completed']}, partial {stats['partial']}, "
+        f"  done {stats['samples']['done']}  (completed {stats['completed']}, partial {stats['partial']}, "
         f"max turns reached {stats['max_turns_reached']})",
         f"  discarded {stats['discarded']}  {stats['discard_reasons'] or ''}".rstrip(),
-        f"  failed {stats['prompts']['failed']}  not run {stats['prompts']['not_run']}",
+        f"  failed {stats['samples']['failed']}  not run {stats['samples']['not_run']}",
         f"  merge: {stats['merge']['kept']} lines kept, {stats['merge']['filtered_unknown_tool']} filtered for "
         f"unknown tools, {stats['merge']['filtered_not_json']} not JSON, "
         f"{stats['merge'].get('filtered_malformed', 0)} not trajectories",

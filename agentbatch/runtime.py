@@ -297,7 +297,7 @@ def layout(num_workers: int, concurrency: int | None, ray_address: str | None) -
 
 
 def make_executor(cfg: RunConfig, plan: capacity.Plan, ray_address: str | None) -> Executor:
-    """The executor running `plan`: its processes (Ray actors on a cluster) of its threads, one session each."""
+    """The executor running `plan`: its processes (Ray actors on a cluster) of threads, one sample at a time each."""
     if ray_address:
         from agentbatch.executors.ray_actors import RayExecutor
 

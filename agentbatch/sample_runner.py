@@ -64,7 +64,7 @@ def sandbox_spec(task: SampleTask, cfg: RunConfig) -> SandboxSpec:
 
 
 def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutcome:
-    """Run one prompt; never raises: every problem becomes a failed outcome with its reason."""
+    """Run one sample; never raises: every problem becomes a failed outcome with its reason."""
     start = time.monotonic()
     usage = Usage(prices=cfg.prices)
     outcome = SampleOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
@@ -130,7 +130,7 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
             outcome.status = "done"
     except (ModelCallError, SandboxError) as e:
         outcome.error = str(e)
-    except Exception as e:  # a bug of ours fails this prompt, loudly, but never the run
+    except Exception as e:  # a bug of ours fails this sample, loudly, but never the run
         outcome.error = f"internal error: {type(e).__name__}: {e}"
         if cfg.verbose:
             outcome.error += "\n" + traceback.format_exc()

@@ -136,8 +136,8 @@ class Session:
             if not quitting:
                 view.close()
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-        # Prompts remove their own sandboxes; these are a dead worker's, or ones whose removal failed.
-        self._reap(self._kinds, "that outlived their prompts")
+        # Samples remove their own sandboxes; these are a dead worker's, or ones whose removal failed.
+        self._reap(self._kinds, "that outlived their samples")
         budget_stopped = self.budget is not None and self.budget.stopped and not interrupted()
         try:
             stats = self._finish("interrupted" if interrupted() else "budget_spent" if budget_stopped else "finished")
@@ -223,7 +223,7 @@ class Session:
             yield task
 
     def _admit(self) -> bool:
-        """Whether the budget lets one more prompt start; once nothing runs and none may, the session stops."""
+        """Whether the budget lets one more sample start; once nothing runs and none may, the session stops."""
         in_flight = len(self._in_flight)
         if self.budget.may_start(in_flight):
             return True
@@ -240,7 +240,9 @@ class Session:
         if self.cfg.verbose:
             preview = o.prompt[: self.cfg.log_prefix_chars].replace("\n", " ")
             error = f" — {o.error}" if o.error else ""
-            self.view.message(safe(f"INFO prompt {o.index} {o.status} ({o.seconds:.1f} s): {preview}{error}"))
+            self.view.message(
+                safe(f"INFO prompt {o.index} sample {o.sample_index} {o.status} ({o.seconds:.1f} s): {preview}{error}")
+            )
 
     def _finish(self, state: str) -> dict:
         """Checkpoint, merge, and statistics computed from the files themselves."""
@@ -261,26 +263,26 @@ class Session:
 
     def _exit_code(self, stats: dict, interrupted: bool, budget_stopped: bool) -> int:
         """The session's exit code (docs/output.md), with the line that says what to do next."""
-        prompts = stats["prompts"]
+        samples = stats["samples"]
         if interrupted:
             print("stopped by Ctrl-C; run again with --resume to finish", file=sys.stderr)
             return EXIT_INTERRUPTED
-        if budget_stopped and prompts["not_run"]:
+        if budget_stopped and samples["not_run"]:
             print(
-                f"budget reached ({self.budget.describe()}): {prompts['not_run']} prompts not run; "
+                f"budget reached ({self.budget.describe()}): {samples['not_run']} samples not run; "
                 "--resume with a larger budget runs them",
                 file=sys.stderr,
             )
             return EXIT_BUDGET
-        if prompts["failed"]:
-            print(f"{prompts['failed']} prompts failed (see {FAILED}); --resume re-runs them", file=sys.stderr)
+        if samples["failed"]:
+            print(f"{samples['failed']} samples failed (see {FAILED}); --resume re-runs them", file=sys.stderr)
             return EXIT_FAILURES
         return 0
 
     def _quit_at_once(self, executor: Executor) -> int:
         """A second Ctrl-C: workers stop first, so none starts a container after the reap."""
         executor.close()
-        self._reap(self._kinds, "of the prompts stopped at once")
+        self._reap(self._kinds, "of the samples stopped at once")
         self.recorder.checkpoint("interrupted")
         self.files.close()
         print("interrupted at once; run again with --resume to finish", file=sys.stderr)
@@ -289,13 +291,13 @@ class Session:
     def _workers_failed(self, executor: Executor, e: Exception) -> FatalError:
         """Stop what runs, keep what is recorded, and say so in one line."""
         executor.close()
-        self._reap(self._kinds, "of the prompts stopped at once")
+        self._reap(self._kinds, "of the samples stopped at once")
         with contextlib.suppress(OSError):
             self.recorder.checkpoint("stopped")
             self.files.close()
         return FatalError(
             f"the run stopped: its workers failed ({type(e).__name__}: {self.files.redact(str(e))}); the "
-            f"{self.recorder.recorded} prompts recorded this session are intact; run again with --resume"
+            f"{self.recorder.recorded} samples recorded this session are intact; run again with --resume"
             " (--verbose shows the traceback)"
         )
 
@@ -306,13 +308,13 @@ class Session:
             self.recorder.checkpoint("write_failed")
         print(
             f"error: cannot write to {self.files.dir} ({e.strerror or e}); stopped after recording "
-            f"{self.recorder.recorded} prompts this session, all intact; free space and run again with --resume",
+            f"{self.recorder.recorded} samples this session, all intact; free space and run again with --resume",
             file=sys.stderr,
         )
         return EXIT_WRITE_FAILED
 
     def _reap(self, kinds: set[str], whose: str = "left by an earlier session") -> None:
-        """Remove what sandboxes of this run left behind: a killed session's, or this one's once no prompt runs."""
+        """Remove what sandboxes of this run left behind: a killed session's, or this one's once no sample runs."""
         # This session holds the directory's lock: every sandbox of the directory is either its own (none at
         # start; finished ones at the end) or a dead session's. Another run's, same --run_name or not, carries
         # another directory and is never touched.
@@ -368,7 +370,7 @@ class Session:
             if state["count"] == 1:
                 stop.set()
                 print(
-                    "\nCtrl-C: no new prompts; letting running ones finish (Ctrl-C again to quit at once)",
+                    "\nCtrl-C: no new samples; letting running ones finish (Ctrl-C again to quit at once)",
                     file=sys.stderr,
                 )
             else:

@@ -1,4 +1,4 @@
-"""A row's setup and check, run in the prompt's own sandbox (docs/verified-outcomes.md).
+"""A row's setup and check, run in the sample's own sandbox (docs/verified-outcomes.md).
 
 `setup` runs before the agent's first model call; `verify` runs after its last one, in the same sandbox,
 through the same `Sandbox.exec` as the agent's own commands (so the same isolation and environment), before
@@ -72,7 +72,7 @@ def named_rewards(rewards: dict[str, float] | None) -> list[dict] | None:
 
 
 def run_setup(ctx: ToolContext, command: str, timeout: float) -> None:
-    """Run the row's setup in the prompt's sandbox (made now if need be); SetupFailed unless it exits 0."""
+    """Run the row's setup in the sample's sandbox (made now if need be); SetupFailed unless it exits 0."""
     result = ctx.sandbox().exec(command, timeout=timeout)
     if result.timed_out:
         raise SetupFailed(f"setup timed out after {timeout:g} s (--check_timeout): {_tail(result.output)}")

@@ -42,7 +42,7 @@ class RunConfig:
     # The run's toolsets and tools (the built-ins and its own; tool_set.py): each line's tool_stats has an
     # entry for every tool of it, and a worker registers its MCP tools at its start (run_tools.install).
     tool_set: ToolSet = field(default_factory=ToolSet)
-    # Which run directory and session the prompts' sandboxes belong to (container labels, see session.py).
+    # Which run directory and session the samples' sandboxes belong to (container labels, see session.py).
     sandbox_labels: dict[str, str] = field(default_factory=dict)
     # --keep_final_state: each sample's sandbox as its agent left it (sample_state.py), staged by the worker in
     # final_state_dir (outside the run directory) for the session to record.
@@ -79,7 +79,7 @@ class SampleTask:
 
 @dataclass
 class SampleOutcome:
-    """How a prompt ended: "done" with a record, "discarded" with a record and reason, or "failed" with an error."""
+    """How a sample ended: "done" with a record, "discarded" with a record and reason, or "failed" with an error."""
 
     index: int
     prompt: str

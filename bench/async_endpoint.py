@@ -1,7 +1,7 @@
 """The scripted endpoint of the scale benchmarks: tests/scripted_server.py's replies, served by one asyncio loop.
 
 The test server gives every connection a thread and spends ~1.3 ms of CPU on a chat request on the 2-core
-machine of bench/RESULTS.md (the runner spends ~0.8 ms): at 1,024 sessions it would hold 1,024 threads
+machine of bench/RESULTS.md (the runner spends ~0.8 ms): at 1,024 samples in flight it would hold 1,024 threads
 and need most of a core for itself, on the same two cores as the runner it measures. A real endpoint's
 CPU is not on the runner's machine, so the scale figures use this one: the same reply for the same request
 (its default script through scripted_replies.build_message, the same envelope), the same latency draw

@@ -57,8 +57,8 @@ def limited_run(
         refused_share=seen["refused"] / sent if sent else 0.0,
         goodput=(seen["accepted"] - 1) / span if span == span and span > 0 else 0.0,
         span=span,
-        failed=r["prompts"]["failed"],
-        complete=r["prompts"]["done"] == prompts and seen["accepted"] == prompts * calls,
+        failed=r["samples"]["failed"],
+        complete=r["samples"]["done"] == prompts and seen["accepted"] == prompts * calls,
     )
 
 

@@ -47,7 +47,7 @@ def bench_sandboxes(results: dict, n: int = 500, rounds: int = 5) -> None:
             with Server(latency=0.0, script=REPLIES) as srv:
                 flags = ["--num_workers=1", "--concurrency=1", "--distribution=terminal_only", f"--sandbox={kind}"]
                 r = run_cli(f"sandbox_{kind}_{i}", dataset, srv.base_url, *flags, *extra)
-            if r["prompts"]["done"] != per_round or r["api_calls"] != 2 * per_round:
+            if r["samples"]["done"] != per_round or r["api_calls"] != 2 * per_round:
                 raise RuntimeError(f"sandbox {kind}: expected {per_round} prompts done, 2 calls each, got {r}")
             runs[kind].append(r)
     total = {k: per_round * len(rs) for k, rs in runs.items()}

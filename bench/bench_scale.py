@@ -1,9 +1,9 @@
 """(8)-(10): fast at every size, through the real CLI against bench/async_endpoint.py.
 
-(8)  --num_workers=32 against every layout of 32 sessions (processes × threads), 300 prompts × 3 calls at 0.5 s.
+(8)  --num_workers=32 against every layout of 32 slots (processes × threads), 300 prompts × 3 calls at 0.5 s.
 (9)  fixed overhead at 120 prompts × 2 calls at 0.5 s, --concurrency=64: process start to the first request
      at the endpoint, plus the last reply to the process's exit; and where that time goes, phase by phase.
-(10)  1,024 sessions: 5,000 prompts × 3 calls at 1 s ± 20 %, --concurrency=1024; (10b) 2,000 × 3 at 256.
+(10)  1,024 samples in flight: 5,000 prompts × 3 calls at 1 s ± 20 %, --concurrency=1024; (10b) 2,000 × 3 at 256.
      Beside each: the same requests from bench/bare_client.py (nothing but HTTP) and the schedule's own floor.
      (10) is judged against the bare client measured in the same bench run (issue 19's note, issue 30: no
      client reaches N·L/C × 1.10 here), (10b) against N·L/C.
@@ -31,15 +31,15 @@ TWO_CALLS = [
 ]
 
 
-def bench_layouts(results: dict, n: int = 300, sessions: int = 32, latency: float = 0.5, rounds: int = 2) -> None:
-    """(8) the documented way to ask for 32 sessions against each way of laying them out.
+def bench_layouts(results: dict, n: int = 300, slots: int = 32, latency: float = 0.5, rounds: int = 2) -> None:
+    """(8) the documented way to ask for 32 slots (samples in flight) against each way of laying them out.
 
     Each layout runs `rounds` times, interleaved with the others, and its fastest run counts: on a shared
     machine a run is only ever slowed by the others' load.
     """
     dataset = write_dataset(n)
-    ideal = n * 3 * latency / sessions
-    layouts = {"--num_workers=32": None, **{f"{p} x {-(-sessions // p)}": p for p in (1, 2, 4, 32)}}
+    ideal = n * 3 * latency / slots
+    layouts = {"--num_workers=32": None, **{f"{p} x {-(-slots // p)}": p for p in (1, 2, 4, 32)}}
     runs: dict[str, list[dict]] = {k: [] for k in layouts}
     with Server(latency=latency, asyncio=True) as srv:
         for round_ in range(rounds):
@@ -47,7 +47,7 @@ def bench_layouts(results: dict, n: int = 300, sessions: int = 32, latency: floa
             for name in order:
                 processes = layouts[name]
                 entry = None if processes is None else [sys.executable, VARIANTS, "layout", str(processes)]
-                r = run_cli(f"layout_{processes}", dataset, srv.base_url, f"--num_workers={sessions}", entry=entry)
+                r = run_cli(f"layout_{processes}", dataset, srv.base_url, f"--num_workers={slots}", entry=entry)
                 check_all_done(name, r, n)
                 runs[name].append(r)
     best = {k: min(v, key=lambda r: r["wall"]) for k, v in runs.items()}
@@ -62,7 +62,7 @@ def bench_layouts(results: dict, n: int = 300, sessions: int = 32, latency: floa
     report(
         results,
         "layouts",
-        f"(8) 32 sessions, {n} prompts x 3 calls at {latency} s (ideal {ideal:.2f} s), best of {rounds}: {shown}; "
+        f"(8) 32 slots, {n} prompts x 3 calls at {latency} s (ideal {ideal:.2f} s), best of {rounds}: {shown}; "
         f"--num_workers=32 / fastest ({fastest}) = {ratio:.3f} [target <= 1.05: {'met' if ratio <= 1.05 else 'NOT met'}]",
     )
 

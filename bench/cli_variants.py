@@ -19,14 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def layout(processes: int) -> None:
-    """The CLI with `processes` worker processes, the sessions split evenly over them."""
+    """The CLI with `processes` worker processes, the slots split evenly over them."""
     from agentbatch import runtime
     from agentbatch.executors import capacity
     from batch_runner import cli
 
     def fixed(num_workers, concurrency, ray_address):
-        sessions = concurrency or num_workers
-        plan = capacity.Plan(sessions, processes, -(-sessions // processes))
+        slots = concurrency or num_workers
+        plan = capacity.Plan(slots, processes, -(-slots // processes))
         capacity.reserve(plan)
         return plan
 

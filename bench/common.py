@@ -178,7 +178,7 @@ def run_cli(
         "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "exit": proc.returncode,
         "failed_lines": _lines(runs / name / "failed.jsonl"),
-        "prompts": stats["prompts"],
+        "samples": stats["samples"],
         "api_calls": stats["api_calls"],
         "run_seconds": stats["duration_seconds"],
         "cpu_parent_seen": sampler.cpu.get(proc.pid, 0.0),
@@ -202,5 +202,5 @@ def report(results: dict, key: str, line: str) -> None:
 
 
 def check_all_done(name: str, r: dict, n: int, calls: int = CALLS_PER_PROMPT) -> None:
-    if r["prompts"]["done"] != n or r["api_calls"] != n * calls:
+    if r["samples"]["done"] != n or r["api_calls"] != n * calls:
         raise RuntimeError(f"{name}: expected {n} prompts done with {n * calls} calls, got {r}")

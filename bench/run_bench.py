@@ -5,8 +5,8 @@
     python bench/run_bench.py --only 1b       # only the concurrency-256 throughput run of (1)
     python bench/run_bench.py --only 6        # optional: throughput through Ray (--ray_address=local)
     python bench/run_bench.py --only 7        # --export=parquet over the 100,000-trajectory corpus of (4)
-    python bench/run_bench.py --only 8,9,10,10b  # sessions at every size (bench_scale.py): layouts of 32 sessions,
-                                                 # fixed overhead, 1,024 sessions, 256 sessions
+    python bench/run_bench.py --only 8,9,10,10b  # samples in flight at every size (bench_scale.py): layouts of 32
+                                                 # slots, fixed overhead, 1,024 and 256 samples in flight
     python bench/run_bench.py --only 11       # adaptive concurrency against a rate-limited endpoint (11n: no headers;
                                               # 11p: what the probe costs an endpoint without limits)
     python bench/run_bench.py --only 12       # sandbox starts paced apart, against the engine's best parallelism

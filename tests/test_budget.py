@@ -98,7 +98,7 @@ def test_the_budget_stops_new_prompts_and_a_resume_with_a_larger_one_runs_exactl
         assert spent >= budget - 3 * CALL_COST and 7 <= done <= 10
         stats = run.stats()
         assert stats["prompts"]["not_run"] == 20 - done and stats["prompts"]["failed"] == 0
-        assert f"{20 - done} prompts not run" in first.stderr and "budget reached" in first.stderr
+        assert f"{20 - done} samples not run" in first.stderr and "budget reached" in first.stderr
         assert run.json("checkpoint.json")["state"] == "budget_spent"
 
         # The same budget again: already spent, so nothing starts and nothing is asked of the endpoint.
@@ -142,7 +142,7 @@ def test_admission_projects_the_prompts_in_flight():
     known = Budget(BudgetSettings(usd=1.0), Spend(cost=0.5, tokens=0, attempts=100, paid=100))  # $0.005 a prompt
     assert known.may_start(80) and not known.may_start(100)
     assert not Budget(BudgetSettings(usd=1.0), Spend(cost=1.0, attempts=3, paid=3)).may_start(0)
-    assert known.prompts_left(10) == 90
+    assert known.samples_left(10) == 90
 
 
 def test_attempts_that_spent_nothing_say_nothing_about_what_a_prompt_costs():

@@ -110,7 +110,7 @@ def test_more_sessions_than_the_machine_can_give_stop_before_anything_starts(tmp
 
 
 def test_num_workers_alone_runs_that_many_prompts_at_once(tmp_path):
-    """--num_workers=6 without --concurrency: six prompts in flight, no more."""
+    """--num_workers=6 without --concurrency: six samples in flight, no more."""
     n, latency = 12, 1.5
     write_dataset(tmp_path / "ds.jsonl", [f"parallel {i}" for i in range(n)])
     args = ["--dataset_file=ds.jsonl", "--batch_size=100", "--run_name=six", "--num_workers=6"]

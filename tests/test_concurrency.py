@@ -1,4 +1,4 @@
-"""High concurrency through the real CLI: many prompts in flight, each prompt run exactly once."""
+"""High concurrency through the real CLI: many samples in flight, each sample run exactly once."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def test_each_fault_kind_fails_its_prompt_with_the_reason_then_resume_finishes(t
         context = next(r for r in run.trajectories() if prompt_of_record(r) == "context")
         assert context["partial"] is True and context["completed"] is False
         assert run.stats()["prompts"]["failed"] == len(REASONS)
-        assert "prompts failed (see failed.jsonl)" in first.stderr
+        assert "samples failed (see failed.jsonl)" in first.stderr
 
         second = run_cli(cli_args(data, tmp_path / "data", srv, "--concurrency=8", "--resume"), tmp_path)
     assert_clean_exit(second, 0)

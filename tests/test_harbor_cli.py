@@ -98,9 +98,9 @@ def test_an_oracle_run_passes_or_names_each_task_and_needs_no_endpoint(tmp_path,
     assert "oracle: 2 of 6 tasks pass with their reference solution (33.3%)" in out
     for line in (
         "    bad-build: image build failed: The command",
-        "    broken-solution: failed (reward 0)",
+        "    broken-solution: not passed (reward 0)",
         "    slow-verifier: the tests ran past the verifier's timeout",
-        "    tests/partial-credit: failed (reward 0.6667)",
+        "    tests/partial-credit: not passed (reward 0.6667)",
     ):
         assert line in out
     assert "unknown field [verifier] restart_environment ignored (broken-solution)" in done.stderr

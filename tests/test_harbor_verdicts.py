@@ -124,7 +124,7 @@ def test_the_oracles_verdicts_rewards_and_breakdowns(tmp_path, out, harbor_base,
     verdict = done.stdout[done.stdout.index("oracle: ") :]
     assert (
         "    crashed-solution: solve.sh exited with 2: sed: can't read /solution/x.sh: No such file or directory; "
-        "the tests: failed (reward 0)"
+        "the tests: not passed (reward 0)"
     ) in verdict
     assert "    nan-reward: the tests gave no result: " in verdict
 
@@ -215,7 +215,7 @@ def test_an_agent_cannot_stand_in_for_the_verifier(tmp_path, out, harbor_base, d
     assert lines["sabotage"]["check"]["status"] == "error"
     o = run.stats()["outcomes"]
     assert (o["checked"], o["passed"], o["failed"], o["error"], o["pass_rate"]) == (4, 1, 2, 1, 0.25)
-    assert "1 passed, 2 failed, 0 timed out, 1 could not run, 0 without a check; pass rate 25.0%" in done.stdout
+    assert "1 passed, 2 not passed, 0 timed out, 1 could not run, 0 without a check; pass rate 25.0%" in done.stdout
 
 
 def test_a_big_tests_directory_is_copied_streamed(tmp_path, harbor_base, docker_run_name):

@@ -42,7 +42,7 @@ def args_for(data: Path, out: Path, srv: ScriptedServer, *extra: str) -> list[st
 
 
 def wait_for_lines(run: RunDir, n: int, proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Block until n prompts are written, so the signal lands mid-run with prompts in flight."""
+    """Block until n samples are written, so the signal lands mid-run with samples in flight."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -101,7 +101,7 @@ def test_first_ctrl_c_finishes_running_prompts_then_resume_completes(tmp_path, w
 
         assert proc.returncode == 130, err
         assert "Traceback" not in err
-        assert "no new prompts" in err and "--resume" in err
+        assert "no new samples" in err and "--resume" in err
         # Every prompt that had started was let finish; none started after the signal.
         ended = Counter(prompt_of_record(r) for r in run.batch_records())
         assert ended == started, "a running prompt was lost, or a new one was started after Ctrl-C"

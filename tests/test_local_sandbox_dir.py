@@ -17,7 +17,7 @@ def test_an_absolute_path_is_refused_without_making_a_directory(tmp_path, monkey
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     (tmp_path / "data.txt").write_text("hello")
     sandbox = LocalSandbox()
-    with pytest.raises(PermissionError, match="only inside the prompt's own directory"):
+    with pytest.raises(PermissionError, match="only inside the sample's own directory"):
         sandbox.read_file(str(tmp_path / "data.txt"))
     assert sandbox_dirs(tmp_path) == []
     sandbox.cleanup()

@@ -61,7 +61,7 @@ def test_a_check_that_gave_no_result_counts_as_not_passed():
     o = stats.to_dict(1)
     assert (o["checked"], o["passed"], o["failed"], o["error"], o["pass_rate"]) == (21, 12, 0, 9, round(12 / 21, 4))
     assert (o["mean_reward"], o["pass_at_k"]["1"]) == (round(12 / 21, 4), round(12 / 21, 4))
-    assert "12 passed, 0 failed, 0 timed out, 9 could not run" in format_outcomes(o)[0]
+    assert "12 passed, 0 not passed, 0 timed out, 9 could not run" in format_outcomes(o)[0]
     assert "pass rate 57.1%" in format_outcomes(o)[0]
 
 

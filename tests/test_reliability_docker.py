@@ -142,7 +142,7 @@ def test_a_prompt_whose_container_vanishes_mid_command_fails_and_resume_reruns_i
     assert code == 3, f"{(tmp_path / 'run.log').read_text()}\n{run.batch_records()}"
     assert not run.batch_records(), "a prompt whose sandbox vanished was saved as a sample"
     [failed] = run.failed()
-    assert "was removed while the prompt ran" in failed["error"], failed
+    assert "was removed while the sample ran" in failed["error"], failed
     assert asked == 1, "the model was asked again after its sandbox was gone"
 
     with ScriptedServer(default_script=command_then_answer("echo again")) as server:

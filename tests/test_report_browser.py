@@ -147,6 +147,13 @@ def test_the_charts_carry_the_runs_numbers(report, runs):
     expected = {"all samples": stats["outcomes"]["pass_at_k"]}
     expected |= {f"toolset {t}": f["pass_at_k"] for t, f in stats["outcomes"]["by_toolset"].items() if f["checked"]}
     assert {name: dict(points) for name, points in series} == expected
+    checks = p.eval_on_selector_all(
+        ".check-counts .bar", "gs => gs.map(g => [g.dataset.label, Number(g.dataset.value)])"
+    )
+    o = stats["outcomes"]
+    # A check that did not pass is "not passed": "failed" is the word for a failed attempt (issue 34).
+    assert dict(checks) == {"passed": o["passed"], "not passed": o["not_passed"], "timed out": o["timeout"],
+                            "could not run": o["error"], "without a check": o["unchecked"]}  # fmt: skip
     counts = p.eval_on_selector_all(
         ".rewards .bin", "gs => gs.map(g => [Number(g.dataset.lo), Number(g.dataset.count)])"
     )
@@ -178,7 +185,7 @@ def test_filters_narrow_the_list_to_the_right_lines(report, runs):
         p.wait_for_selector(f".count[data-shown='{len(expected)}']", timeout=WAIT)
         assert report.shown_ids() == expected
 
-    p.select_option("select[name=outcome]", "failed")
+    p.select_option("select[name=outcome]", "not_passed")
     narrowed(ids_where(run_dir, lambda k, r: k != "failed" and r["check"]["status"] == "failed"))
     p.select_option("select[name=toolset]", "terminal")
     narrowed(
@@ -279,7 +286,7 @@ def test_runs_side_by_side_and_the_prompts_one_passes_and_the_other_does_not(bro
 
     assert prompts_after("model_a passes, model_b does not") == ["r-pass: what is 6*7?"]
     assert prompts_after("model_b passes, model_a does not") == ["r-fail: what is 6*7?"]
-    assert set(prompts_after("some runs pass, some fail")) == {"r-pass: what is 6*7?", "r-fail: what is 6*7?"}
+    assert set(prompts_after("some runs pass, some do not")) == {"r-pass: what is 6*7?", "r-fail: what is 6*7?"}
     p.click(".prompt-row .cell[data-run='1']:text-is('3/3')")  # model_b's samples of r-fail
     p.wait_for_selector(".count[data-shown='3']", timeout=WAIT)
     rows = p.eval_on_selector_all(".vlist .row", "rs => rs.map(r => r.innerText)")

@@ -36,7 +36,7 @@ from agentbatch.run_dir.files import RunFiles
 from agentbatch.run_dir.merge import merge
 
 SAME = ("trajectories", "completed", "partial", "max_turns_reached", "stop_reasons", "api_calls", "discarded",
-        "discard_reasons", "reasoning", "tools", "tokens", "cost", "by_model", "by_toolset", "outcomes", "prompts")  # fmt: skip
+        "discard_reasons", "reasoning", "tools", "tokens", "cost", "by_model", "by_toolset", "outcomes", "samples")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_torn_and_wrong_shaped_lines_are_skipped_and_counted_as_the_merge_does(r
     assert report.run()["statistics"]["merge"]["filtered_malformed"] == 3
     assert (
         report.run()["checkpoint"]["duration_seconds"] is None
-        and report.run()["statistics"]["prompts"]["total"] is None
+        and report.run()["statistics"]["samples"]["total"] is None
     )
     assert "NaN" not in report.text
 
@@ -280,7 +280,7 @@ def test_a_run_killed_before_any_sample_finished(tmp_path):
     assert_clean_exit(report_cli(tmp_path, "early", "--report"))
     report = Report(tmp_path / "early" / "report.html")
     assert report.data["items"] == 0 and report.items == []
-    assert report.run()["statistics"]["prompts"] == {"total": 5, "done": 0, "discarded": 0, "failed": 0, "not_run": 5}
+    assert report.run()["statistics"]["samples"] == {"total": 5, "done": 0, "discarded": 0, "failed": 0, "not_run": 5}
 
 
 def test_two_report_writers_at_once_take_turns(run, tmp_path):

@@ -79,7 +79,7 @@ def test_failures_discards_and_unknown_tools_then_resume_reruns_exactly_the_fail
     with ScriptedServer(script=script, default_script=[thinking("ok")]) as srv:
         first = run_cli(args, tmp_path, srv)
         assert_clean_exit(first, code=3)
-        assert "3 prompts failed" in first.stderr and "--resume" in first.stderr
+        assert "3 samples failed" in first.stderr and "--resume" in first.stderr
 
         failed = run.failed()
         assert sorted(f["prompt"] for f in failed) == ["epsilon fails", "eta hangs", "gamma fails"]

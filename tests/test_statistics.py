@@ -124,7 +124,7 @@ def test_statistics_equal_a_recount_of_the_files(finished_run):
     answered = Counter(prompt_of_record(r) for r in records)
     thrown = Counter(prompt_of_record(d) for d in discarded)
     failed_prompts = {f["prompt"] for f in failed}
-    assert stats["prompts"] == {
+    assert stats["samples"] == {
         "total": len(DATASET),
         "done": sum(answered.values()),
         "discarded": sum(thrown.values()),
@@ -137,7 +137,7 @@ def test_the_recount_matches_what_the_script_makes_happen(finished_run):
     """Guards the recount itself: the scripted run has known figures."""
     _, run = finished_run
     stats = run.stats()
-    assert stats["prompts"] == {"total": 9, "done": 7, "discarded": 1, "failed": 1, "not_run": 0}
+    assert stats["samples"] == {"total": 9, "done": 7, "discarded": 1, "failed": 1, "not_run": 0}
     assert (stats["completed"], stats["partial"], stats["max_turns_reached"]) == (5, 1, 1)
     assert stats["discard_reasons"] == {"no_reasoning": 1}
     tools = stats["tools"]
@@ -157,9 +157,9 @@ def test_the_printed_summary_shows_the_same_figures(finished_run):
     proc, run = finished_run
     stats = run.stats()
     out = proc.stdout
-    assert f"done {stats['prompts']['done']}" in out
+    assert f"done {stats['samples']['done']}" in out
     assert f"discarded {stats['discarded']}" in out
-    assert f"failed {stats['prompts']['failed']}" in out
+    assert f"failed {stats['samples']['failed']}" in out
     assert f"{stats['merge']['kept']} lines kept, 0 filtered for unknown tools" in out
     r = stats["reasoning"]
     assert f"reasoning: {r['with_reasoning']} of {r['assistant_turns']} assistant turns" in out
@@ -176,3 +176,26 @@ def test_checkpoint_is_valid_json_naming_the_finished_run(finished_run):
     assert checkpoint["state"] == "finished" and checkpoint["total_prompts"] == len(DATASET)
     assert checkpoint["batches"] == run.batch_numbers()
     assert not list(run.path.glob("*.tmp")), "an atomic replace left its temporary file behind"
+
+
+def test_samples_count_every_sample_and_prompts_keeps_their_old_name(tmp_path):
+    """statistics.json's `samples` counts samples (2 per prompt here), not prompts; `prompts`, its name before,
+    stays beside it for one release (docs/output.md); the summary and the exit line say samples."""
+    dataset = ["simple", "tool success", "always fails"]
+    write_dataset(tmp_path / "ds.jsonl", dataset)
+    args = ["--dataset_file=ds.jsonl", "--batch_size=4", "--run_name=twice", "--num_workers=2"]
+    args += ["--distribution=terminal_only", "--max_retries=0", "--samples_per_prompt=2"]
+    with ScriptedServer(script=SCRIPT) as srv:
+        proc = run_cli(args, tmp_path, srv)
+    assert_clean_exit(proc, code=3)
+    run = RunDir(tmp_path / "data" / "twice")
+    stats, records, failed = run.stats(), run.trajectories(), run.failed()
+    assert len(records) == 4 and {(f["prompt"], f["sample_index"]) for f in failed} == {
+        ("always fails", 0),
+        ("always fails", 1),
+    }
+    assert stats["samples"] == {"total": 6, "done": 4, "discarded": 0, "failed": 2, "not_run": 0}
+    assert stats["samples"]["total"] == len(dataset) * 2 == len(records) + len(failed)
+    assert stats["prompts"] == stats["samples"]
+    assert "3 prompts × 2 samples in the dataset" in proc.stdout and "failed 2  not run 0" in proc.stdout
+    assert "2 samples failed (see failed.jsonl)" in proc.stderr

@@ -80,7 +80,9 @@ def test_rewards_pass_rate_and_pass_at_k_are_exactly_what_the_samples_earned(tmp
     results = [(n, c) for n, c in ((4, 2), (4, 2), (4, 2), (4, 1), (4, 4), (4, 0))]
     o = run.stats()["outcomes"]
     assert o["samples_per_prompt"] == SAMPLES
-    assert (o["checked"], o["passed"], o["failed"], o["unchecked"], o["timeout"], o["error"]) == (24, 11, 13, 4, 0, 0)
+    counts = (o["checked"], o["passed"], o["not_passed"], o["unchecked"], o["timeout"], o["error"])
+    assert counts == (24, 11, 13, 4, 0, 0)
+    assert o["failed"] == o["not_passed"]  # its old name, kept one release (docs/output.md)
     assert o["pass_rate"] == round(11 / 24, 4)
     assert o["mean_reward"] == round((2 + 2.333333 + 2 + 1 + 4) / 24, 4)
     assert o["prompts_checked"] == 6
@@ -91,11 +93,12 @@ def test_rewards_pass_rate_and_pass_at_k_are_exactly_what_the_samples_earned(tmp
     # terminal_only offers terminal and file to every prompt: both toolsets see every sample.
     assert o["by_toolset"]["terminal"] == o["by_toolset"]["file"] == {k: o[k] for k in o["by_toolset"]["file"]}
     stats = run.stats()
-    assert stats["prompts"] == {"total": 28, "done": 28, "discarded": 0, "failed": 0, "not_run": 0}
+    assert stats["samples"] == stats["prompts"] == {"total": 28, "done": 28, "discarded": 0, "failed": 0, "not_run": 0}
 
     assert "7 prompts × 4 samples in the dataset" in done.stdout
     assert (
-        "checks: 11 passed, 13 failed, 0 timed out, 0 could not run, 4 without a check; pass rate 45.8%" in done.stdout
+        "checks: 11 passed, 13 not passed, 0 timed out, 0 could not run, 4 without a check; pass rate 45.8%"
+        in done.stdout
     )
     assert (
         f"pass@1 {o['pass_at_k']['1']:.3f}  pass@2 {o['pass_at_k']['2']:.3f}  pass@4 0.833  over 6 prompts"

@@ -59,4 +59,4 @@ def test_the_readme_example_checks_every_sample_offline(tmp_path):
     per_prompt = Counter(r["prompt_index"] for r in lines)
     results = [(n, sum(r["passed"] for r in lines if r["prompt_index"] == i)) for i, n in per_prompt.items()]
     assert o["pass_at_k"]["1"] == round(expected_pass_at_k(results, 1), 4)
-    assert f"checks: {passes} passed, {len(lines) - passes} failed" in done.stdout
+    assert f"checks: {passes} passed, {len(lines) - passes} not passed" in done.stdout

@@ -1,7 +1,7 @@
 """What the session asks of an executor, and the slot bookkeeping the process and Ray executors share.
 
-An executor runs prompts somewhere (worker processes here, actors of a Ray cluster) with a fixed number
-of slots, hands a prompt to a worker as soon as one of its slots is free (a slow prompt holds up only its
+An executor runs samples somewhere (worker processes here, actors of a Ray cluster) with a fixed number
+of slots, hands a sample to a worker as soon as one of its slots is free (a slow sample holds up only its
 own slot), and yields each outcome as it arrives. Workers only compute and return; the session writes.
 """
 
@@ -13,7 +13,7 @@ from typing import Protocol
 
 from agentbatch.work import SampleOutcome, SampleTask
 
-# Asked before each prompt is handed out (the run's budget): False keeps the slot empty for now.
+# Asked before each sample is handed out (the run's budget): False keeps the slot empty for now.
 Admit = Callable[[], bool]
 
 
@@ -21,14 +21,14 @@ class Executor(Protocol):
     def run(
         self, tasks: Iterable[SampleTask], stop: threading.Event, admit: Admit | None = None
     ) -> Iterator[SampleOutcome]:
-        """Yield outcomes as prompts finish; after `stop` is set, or while `admit()` is False, none is handed out."""
+        """Yield outcomes as samples finish; after `stop` is set, or while `admit()` is False, none is handed out."""
 
     def close(self) -> None:
-        """Stop at once (a second Ctrl-C, a write failure): workers holding prompts are killed, not awaited."""
+        """Stop at once (a second Ctrl-C, a write failure): workers holding samples are killed, not awaited."""
 
 
 class Slots:
-    """Which prompts each of `workers` workers holds, at most `per_worker` each."""
+    """Which samples each of `workers` workers holds, at most `per_worker` each."""
 
     def __init__(self, workers: int, per_worker: int, total: int | None = None):
         self.per_worker = per_worker
@@ -60,7 +60,7 @@ class Slots:
                 return
 
     def take(self, worker: int) -> list[SampleTask]:
-        """The prompts a dead worker held (its slots are free again)."""
+        """The samples a dead worker held (its slots are free again)."""
         lost = list(self.held[worker].values())
         self.held[worker].clear()
         self.count -= len(lost)
@@ -72,5 +72,5 @@ class Slots:
 
 
 def lost(task: SampleTask, error: str) -> SampleOutcome:
-    """The outcome of a prompt whose worker died with it."""
+    """The outcome of a sample whose worker died with it."""
     return SampleOutcome(task.index, task.prompt, task.batch_num, "failed", error=error, sample_index=task.sample_index)

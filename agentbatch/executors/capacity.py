@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from agentbatch.errors import FatalError
 
 # Slots per process before another process is worth its start-up: at this many, one process's share of
-# the GIL still keeps up with replies (bench/RESULTS.md, "Where the sessions run").
+# the GIL still keeps up with replies (bench/RESULTS.md, figure (8): the layouts of 32 samples in flight).
 SLOTS_PER_PROCESS = 128
 FILES_PER_SLOT = 4  # its keep-alive connection, a command's pipes, a docker client's socket
 FILES_PER_PROCESS = 64  # the interpreter's own, the pipes to the parent, imported libraries

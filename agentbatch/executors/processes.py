@@ -1,12 +1,12 @@
-"""Prompt-level scheduling on worker processes, each running several prompts at once on threads.
+"""Sample-level scheduling on worker processes, each running several samples at once on threads (its slots).
 
-Each worker has its own two pipes (tasks in, outcomes out), so the parent always knows which prompts a
+Each worker has its own two pipes (tasks in, outcomes out), so the parent always knows which samples a
 worker holds and which worker an outcome came from. A worker's death shows at once on its process
-sentinel: the outcomes it sent first are recorded, exactly the prompts it still held fail, and a fresh
+sentinel: the outcomes it sent first are recorded, exactly the samples it still held fail, and a fresh
 worker takes its place.
 
 Workers start when the executor is made, before the session's threads (progress bar, signals) exist, and
-are forked: a forked worker runs its first prompt within milliseconds, with every module already imported,
+are forked: a forked worker runs its first sample within milliseconds, with every module already imported,
 where a spawned interpreter spent ~0.3-0.7 s importing them again (bench/RESULTS.md). A worker started
 later, to replace a dead one, is spawned: forking a process whose other threads may hold a lock (a
 stream's, an allocator's) can leave that lock held forever in the child.
@@ -50,7 +50,7 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
     gc.freeze()
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     give, count = threading.Lock(), threading.Lock()
-    waiting = [0]  # threads between prompts, each about to take one from the inbox
+    waiting = [0]  # threads between samples, each about to take one from the inbox
 
     def run(task: SampleTask) -> bool:
         try:
@@ -72,7 +72,7 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
 
     pool: list[threading.Thread] = []
     # This thread reads the pipe into the inbox, so the parent's sends never wait on a busy slot. A thread is
-    # started when a prompt finds none waiting: a run never starts more than it has prompts in flight.
+    # started when a sample finds none waiting: a run never starts more than it has samples in flight.
     while True:
         try:
             task = tasks.recv()
@@ -86,14 +86,14 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
         if idle or len(pool) >= threads:
             if pool:
                 inbox.put(task)
-            elif not run(task):  # no thread could be started: this one runs the prompts
+            elif not run(task):  # no thread could be started: this one runs the samples
                 break
             continue
         t = threading.Thread(target=slot, args=(task,), daemon=True)
         try:
             t.start()
             pool.append(t)
-        except RuntimeError as e:  # the machine gives no more threads: run with fewer, fail no prompt for it
+        except RuntimeError as e:  # the machine gives no more threads: run with fewer, fail no sample for it
             print(f"warning: a worker runs {len(pool)} of its {threads} threads ({e})", file=sys.stderr)
             threads = len(pool)
             if pool:
@@ -142,7 +142,7 @@ class _Worker:
     def send(self, task) -> None:
         try:
             self.tasks.send(task)
-        except OSError:  # it died: its sentinel says so, and the prompts it held are failed then
+        except OSError:  # it died: its sentinel says so, and the samples it held are failed then
             pass
 
     def close(self) -> None:
@@ -179,9 +179,9 @@ class LocalExecutor:
         return self._running
 
     def close(self) -> None:
-        """Stop the workers and wait for them: idle ones are told to finish, ones still holding prompts are killed.
+        """Stop the workers and wait for them: idle ones are told to finish, ones still holding samples are killed.
 
-        A run whose prompts all came back told its workers to finish then (see _outcomes) and waits for them
+        A run whose samples all came back told its workers to finish then (see _outcomes) and waits for them
         only here, after the merge: their exit (hundreds of threads joined) overlaps it.
         """
         if self._running is not None:
@@ -242,7 +242,7 @@ def _drain(conn: Connection, timeout: float) -> tuple[list[SampleOutcome], bool]
 
 def _stop(workers: list[_Worker], slots: Slots | None) -> None:
     for i, w in enumerate(workers):
-        if slots is not None and slots.held[i]:  # interrupted with prompts in flight: do not wait for them
+        if slots is not None and slots.held[i]:  # interrupted with samples in flight: do not wait for them
             w.process.kill()
         else:
             w.send(_STOP)

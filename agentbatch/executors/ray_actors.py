@@ -1,11 +1,11 @@
-"""Scale-out on Ray: the same prompt-level scheduling as processes.LocalExecutor, on the actors of a Ray cluster.
+"""Scale-out on Ray: the same sample-level scheduling as processes.LocalExecutor, on the actors of a Ray cluster.
 
 Why threaded actors and not `ray.util.multiprocessing.Pool`: the work is waiting on model endpoints, so
-one process holds many prompts at once on threads (`max_concurrency=threads`) and shares one HTTP
+one process holds many samples at once on threads (`max_concurrency=threads`) and shares one HTTP
 connection pool, exactly as a local worker does. The parent submits one `run.remote(task)` per free slot
 and keeps each ObjectRef with the actor it went to, which gives what Pool cannot: at most
-num_workers × threads prompts in flight (Pool.imap submits the whole iterable up front), no new prompt
-after `stop` is set, and a dead actor's prompts reported as failed outcomes (its refs raise
+num_workers × threads samples in flight (Pool.imap submits the whole iterable up front), no new sample
+after `stop` is set, and a dead actor's samples reported as failed outcomes (its refs raise
 RayActorError) while a fresh actor takes its place. Actors only compute and return outcomes; the
 parent, the only writer, records them.
 
@@ -37,8 +37,8 @@ _POLL_SECONDS = 0.5
 
 
 @ray.remote(num_cpus=0, concurrency_groups={"control": 1})
-class PromptActor:
-    """One Ray worker process running up to max_concurrency prompts on threads."""
+class SampleActor:
+    """One Ray worker process running up to max_concurrency samples on threads (its slots)."""
 
     def __init__(self, cfg: RunConfig):
         process_guard.guard_worker(cfg.secrets, die_with_parent=False)  # Ray, not its parent, ends an actor
@@ -50,7 +50,7 @@ class PromptActor:
     def run(self, task: SampleTask) -> SampleOutcome:
         return run_sample(task, self.cfg, self.clients)
 
-    @ray.method(concurrency_group="control")  # answers even while every prompt slot is busy
+    @ray.method(concurrency_group="control")  # answers even while every slot is busy
     def pid(self) -> int:
         return os.getpid()
 
@@ -63,7 +63,7 @@ class RayExecutor:
         self.address = address
         self.num_workers = num_workers
         self.threads = threads_per_worker
-        self.actors: list = []  # the live actor of each slot group, for tests that kill one
+        self.actors: list = []  # the live actor of each worker, for tests that kill one
         self._running: Iterator[SampleOutcome] | None = None
 
     def run(
@@ -83,9 +83,9 @@ class RayExecutor:
         refs: dict[ray.ObjectRef, tuple[int, object, SampleTask]] = {}
         slots = Slots(self.num_workers, self.threads)
 
-        def send(slot: int, task: SampleTask) -> None:
-            actor = self.actors[slot]
-            refs[actor.run.remote(task)] = (slot, actor, task)
+        def send(worker: int, task: SampleTask) -> None:
+            actor = self.actors[worker]
+            refs[actor.run.remote(task)] = (worker, actor, task)
 
         try:
             self.actors = [self._actor() for _ in range(self.num_workers)]
@@ -100,9 +100,9 @@ class RayExecutor:
                 if ready:  # take everything already finished, not one per round trip
                     ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
                 for ref in ready:
-                    slot, actor, task = refs.pop(ref)
+                    worker, actor, task = refs.pop(ref)
                     slots.release(task.key)
-                    yield self._outcome(ref, slot, actor, task)
+                    yield self._outcome(ref, worker, actor, task)
         finally:
             for actor in self.actors:
                 ray.kill(actor)
@@ -128,14 +128,14 @@ class RayExecutor:
         return True
 
     def _actor(self):
-        return PromptActor.options(max_concurrency=self.threads, scheduling_strategy="SPREAD").remote(self.cfg)
+        return SampleActor.options(max_concurrency=self.threads, scheduling_strategy="SPREAD").remote(self.cfg)
 
-    def _outcome(self, ref, slot: int, actor, task: SampleTask) -> SampleOutcome:
+    def _outcome(self, ref, worker: int, actor, task: SampleTask) -> SampleOutcome:
         try:
             return ray.get(ref)
         except RayActorError as e:
-            if self.actors[slot] is actor:  # the first of its prompts to report the death replaces it
-                self.actors[slot] = self._actor()
+            if self.actors[worker] is actor:  # the first of its samples to report the death replaces it
+                self.actors[worker] = self._actor()
             return lost(task, f"Ray actor died: {_first_line(e)}")
         except RayError as e:  # the worker crashed or the outcome could not travel back
             return lost(task, f"Ray task failed: {_first_line(e)}")

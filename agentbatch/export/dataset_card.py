@@ -105,7 +105,7 @@ def card_body(ctx: ExportContext, s: CardStats, schema, shards: int) -> str:
     if s.rewards:
         lines.append(f"- reward: mean {s.reward_sum / s.rewards / REWARD_UNIT:.4f} over {s.rewards} trajectories")
     if s.passed:
-        lines.append(f"- checks: {s.passed['passed']} passed, {s.passed['failed']} failed")
+        lines.append(f"- checks: {s.passed['passed']} passed, {s.passed['failed']} not passed")
     filters = {k: v for k, v in ctx.filters.describe().items() if v}
     lines.append(f"- export filters: {_pairs(filters) if filters else 'none'}")
     lines += ["", "## Schema", "", "| column | type | meaning |", "|---|---|---|"]

@@ -17,7 +17,7 @@ from agentbatch.model.registry import register_model
 
 NAME = "oracle"
 COMMAND = f"{SOLUTION_DIR}/solve.sh"
-# The terminal tool's own cap still applies; the task's agent timeout cuts the command (the prompt's deadline).
+# The terminal tool's own cap still applies; the task's agent timeout cuts the command (the sample's deadline).
 COMMAND_TIMEOUT = 24 * 3600.0
 _NO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 # What a run needs for it, unless given: its one command needs the terminal, its time is the task's, it never reasons.

@@ -199,7 +199,7 @@ def _check_verdict(line: dict) -> str:
         return "passed"
     if status == "failed":
         reward = line.get("reward")
-        return f"failed (reward {reward:g})" if isinstance(reward, int | float) else "failed"
+        return f"not passed (reward {reward:g})" if isinstance(reward, int | float) else "not passed"
     if status == "timeout":
         return "the tests ran past the verifier's timeout"
     if status == "error":

@@ -128,7 +128,7 @@ class ModelClient:
     ) -> Reply:
         """One chat completion, by default of the run's model; another `model` (a tool's) gets no reasoning fields.
 
-        `deadline` (time.monotonic) is the prompt's time limit: the call is cut there (DeadlineReached).
+        `deadline` (time.monotonic) is the sample's time limit: the call is cut there (DeadlineReached).
         """
         s = self.settings
         body: dict[str, Any] = {"model": model or s.model, "messages": messages}
@@ -158,7 +158,7 @@ class ModelClient:
         while True:
             try:
                 # Not the openai SDK: its request building (TypedDict walk of every message and tool schema,
-                # options, headers) was most of the runner's CPU per prompt, and importing it took ~0.5 s of
+                # options, headers) was most of the runner's CPU per sample, and importing it took ~0.5 s of
                 # every worker's start (bench/RESULTS.md).
                 return self._post(path, content, expected, check, deadline)
             except _Status as e:
@@ -172,12 +172,12 @@ class ModelClient:
                 delay = self._delay(attempt, e)
             except _AttemptFailed as e:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise DeadlineReached(f"the prompt's time limit cut the model call ({e})") from e
+                    raise DeadlineReached(f"the sample's time limit cut the model call ({e})") from e
                 if attempt >= s.max_retries:
                     raise ModelCallError(_after(e, attempt)) from e
                 delay = self._delay(attempt, e)
             if deadline is not None and time.monotonic() + delay >= deadline:
-                raise DeadlineReached("the prompt's time limit comes before the model call could be retried")
+                raise DeadlineReached("the sample's time limit comes before the model call could be retried")
             time.sleep(delay)
             attempt += 1
 
@@ -194,7 +194,7 @@ class ModelClient:
         if ticket is None or ends <= time.monotonic():
             if ticket is not None:
                 self.pacer.release(ticket, 0, None)
-            raise DeadlineReached("the prompt's time limit was reached before the model answered")
+            raise DeadlineReached("the sample's time limit was reached before the model answered")
         status, headers = 0, None
         try:
             r = self._connection().post(path, content, ends, MAX_REPLY_BYTES)
@@ -298,7 +298,7 @@ def _check_chat(data: dict) -> None:
     """Check (and normalise in place) the fields the agent loop reads; raise _AttemptFailed when one is unusable.
 
     Odd but harmless forms are normalised as before: content as a list of text parts, arguments as an
-    object, a missing or numeric call id. Anything else would fail the prompt after its tokens were spent,
+    object, a missing or numeric call id. Anything else would fail the sample after its tokens were spent,
     so it counts as a malformed reply and is retried.
     """
     choices = data["choices"]

@@ -181,7 +181,7 @@ def _start(model: str, repack: bool) -> tuple[subprocess.Popen, str, str]:
             stdout=log_file,
             stderr=subprocess.STDOUT,  # a file, never a pipe: nobody drains a pipe and a full one blocks the server
             env=env,
-            start_new_session=True,  # Ctrl-C reaches the runner only, which lets running prompts finish first
+            start_new_session=True,  # Ctrl-C reaches the runner only, which lets running samples finish first
             preexec_fn=_die_with_parent,
         )
     finally:
@@ -335,7 +335,7 @@ class TokenBudget:
     llama-cpp-python's chatml-function-calling handler runs several completions for one request (the choice
     of a tool or a message, each call's arguments, "another call?") and passes `max_tokens=None` to all of
     them but its plain-chat path, which llama.cpp reads as "to the end of the context": one reply once ran to
-    7,482 tokens while the other prompts waited behind it. Each completion here gets at most what the
+    7,482 tokens while the other samples waited behind it. Each completion here gets at most what the
     request's budget has left (at least 1 token: 0 would again mean no limit).
     """
 

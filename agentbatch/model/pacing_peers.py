@@ -1,7 +1,7 @@
 """What the worker processes pacing their calls to one endpoint tell each other, through files in the
 session's pacing directory: the endpoint's rate as the first of them found it (so a later one starts from
 it), and how many calls a second each one is sending now (so one whose calls wait can take up what an idle
-one leaves, as the last prompts of a run drain from some workers before others). Every file is written whole
+one leaves, as the last samples of a run drain from some workers before others). Every file is written whole
 and renamed, so none is read half-written; one that cannot be read counts as nothing said."""
 
 from __future__ import annotations

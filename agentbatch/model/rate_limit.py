@@ -188,7 +188,7 @@ class Pacer:
         ceiling and what the others send. Now and then each tells what it sends (nothing, as soon as its
         calls are done) and takes up, with calls waiting, its share of what the endpoint takes, or all of it
         once the others are done: a worker whose first 429 came before it had sent much starts far below
-        the others, and the last prompts of a run drain from some workers first."""
+        the others, and the last samples of a run drain from some workers first."""
         if sending is not None:
             self.peers.tell_sending(sending, now)
         others = self.peers.others_sending(now)

@@ -1,4 +1,4 @@
-"""Token counts and cost of a prompt, summed over every model call it makes (the tools' calls included)."""
+"""Token counts and cost of a sample, summed over every model call it makes (the tools' calls included)."""
 
 from __future__ import annotations
 

@@ -130,8 +130,8 @@ class Figures:
         calls = calls if isinstance(calls, int) and not isinstance(calls, bool) else 0
         self.usage.append((item, tokens_of(record), cost_of(record.get("usage")), seconds_of(record), calls))
 
-    def prompts(self, total: int | None) -> dict:
-        """Samples by their last word, as statistics.json's `prompts` (the total from checkpoint.json: the
+    def last_words(self, total: int | None) -> dict:
+        """Samples by their last word, as statistics.json's `samples` (the total from checkpoint.json: the
         dataset is not read, so a sample no line mentions is counted as not run only when the total is known)."""
         done = sum(self.kept.values())
         discarded = sum(self.discarded.values())
@@ -142,13 +142,13 @@ class Figures:
     def to_dict(self, run_name: str, checkpoint: dict, counts: dict[str, ReadCounts]) -> dict:
         total = checkpoint.get("total_prompts")
         total = total * self.samples if isinstance(total, int) and not isinstance(total, bool) else None
-        prompts = self.prompts(total)
-        self.stats.count_failed_prompts(prompts["failed"])
+        by_end = self.last_words(total)
+        self.stats.count_failed_samples(by_end["failed"])
         stats = self.stats.to_dict(
             run_name=run_name,
             model=checkpoint.get("model"),
             distribution=checkpoint.get("distribution"),
-            prompts=prompts,
+            samples=by_end,
             merge=merge_counts(counts["trajectory"]),
             duration_seconds=checkpoint.get("duration_seconds"),
         )

@@ -149,7 +149,7 @@ def _dumps(obj: dict) -> str:
     if not isinstance(tools, str) or next(reversed(obj)) != "tools":
         return json.dumps(obj, ensure_ascii=False)
     # The schemas are ~80 % of a trajectory line and one of a few texts per run: escaping them again for
-    # every line was most of the runner's own time per prompt.
+    # every line was most of the runner's own time per sample.
     token = _tools_tokens.get(tools)
     if token is None:
         if len(_tools_tokens) >= 256:

@@ -37,7 +37,7 @@ class SandboxError(Exception):
 
 
 class SandboxLost(SandboxError):
-    """The sandbox went away under a running prompt (its container removed): the prompt fails, whatever it ran."""
+    """The sandbox went away under a running sample (its container removed): the sample fails, whatever it ran."""
 
 
 @dataclass

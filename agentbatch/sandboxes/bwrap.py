@@ -2,7 +2,7 @@
 
 What a command sees: the host's system directories read-only (/usr, /etc, the /bin and /lib links...),
 its own /proc (only its own processes), a private /dev, its working directory (the row's `cwd` as a path
-inside the sandbox, else /workspace) and /tmp, both backed by the prompt's temporary directory so files
+inside the sandbox, else /workspace) and /tmp, both backed by the sample's temporary directory so files
 stay from one command to the next, nothing else of the host. It runs in new user, PID, IPC and UTS
 namespaces (and network, with `network=False`), without capabilities, as `nobody` when the runner is root
 (else as the runner's own uid), with no_new_privs, under rlimits (processes, data size, file size, CPU
@@ -246,7 +246,7 @@ class BwrapSandbox:
         return ExecResult(done.output.text(), done.returncode)
 
     def start(self, argv: list[str], env: dict[str, str] | None = None) -> PipeProcess:
-        """A process in a bwrap sandbox of its own over the prompt's directories: it sees the same files."""
+        """A process in a bwrap sandbox of its own over the sample's directories: it sees the same files."""
         if not argv:
             raise SandboxError("no command to start")
         command, options = self._argv(["/bin/sh", "-c", START_PROCESS, "sh", *argv])

@@ -132,7 +132,7 @@ def _limits(spec: SandboxSpec) -> tuple[dict, bool]:
 
 
 class DockerSandbox:
-    """One container for one prompt; started when constructed, force-removed by cleanup().
+    """One container for one sample; started when constructed, force-removed by cleanup().
 
     `beside`: this container is one of its own for a process of that sample's that must be private
     (start_apart): same image, limits and working directory, on that sample's network (its localhost too).
@@ -406,7 +406,7 @@ class DockerSandbox:
         return -1 if wait else None
 
     def _raise_if_lost(self, cause: BaseException | None = None, settle: float = 0.0) -> None:
-        """Raise SandboxLost if the container was removed or stopped under the prompt (not by us).
+        """Raise SandboxLost if the container was removed or stopped under the sample (not by us).
 
         With `settle`, a container still marked running is looked at again for that long first.
         """
@@ -416,14 +416,14 @@ class DockerSandbox:
             try:
                 state = client().api.inspect_container(self.container_id).get("State") or {}
             except docker.errors.NotFound:
-                raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
+                raise SandboxLost(f"the sandbox container {short} was removed while the sample ran") from cause
             except ENGINE_ERRORS:
                 return  # the engine cannot say: the caller reports what it saw
             if state.get("Status") in ("removing", "dead"):
-                raise SandboxLost(f"the sandbox container {short} was removed while the prompt ran") from cause
+                raise SandboxLost(f"the sandbox container {short} was removed while the sample ran") from cause
             if not state.get("Running"):
                 raise SandboxLost(
-                    f"the sandbox container {short} stopped while the prompt ran "
+                    f"the sandbox container {short} stopped while the sample ran "
                     f"({state.get('Status')}, exit code {state.get('ExitCode')})"
                 ) from cause
             if time.monotonic() >= deadline:

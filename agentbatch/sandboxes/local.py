@@ -2,7 +2,7 @@
 
 Not an isolation boundary: commands run as the runner's user and can reach what it can. What it does
 guarantee: nothing a command starts outlives the command (containment.py), its output is kept in bounded
-memory, and the file tools read and write only inside the prompt's directories, without following
+memory, and the file tools read and write only inside the sample's directories, without following
 symbolic links, through no hard link and into no FIFO or device (confined.py).
 
 Where a PID namespace contains the commands (the pidns method), the sample's first command starts its
@@ -46,7 +46,7 @@ class LocalSandbox:
         self.method = containment_method or containment.best()
         self._count = itertools.count()
         # Made when first needed (a command, a relative path), not for every prompt: creating and removing a
-        # directory per prompt queued 1,024 sessions on the file system (bench/RESULTS.md).
+        # directory per sample queued 1,024 samples on the file system (bench/RESULTS.md).
         self._tmp: str | None = None
         self._roots = _roots(cwd)
         self._processes: list[PipeProcess] = []
@@ -185,10 +185,10 @@ class LocalSandbox:
             if parts is not None:
                 return root, parts
         dirs = [d for d in (self._cwd, self._tmp) if d]
-        where = " and ".join(dirs) or "the prompt's own directory"
+        where = " and ".join(dirs) or "the sample's own directory"
         raise confined.OutsideRefused(
             f"{path}: the local sandbox's file tools read and write only inside {where}; "
-            "use a path there (the terminal runs as your user, but the file tools do not leave the prompt's directory)"
+            "use a path there (the terminal runs as your user, but the file tools do not leave the sample's directory)"
         )
 
     def cleanup(self) -> None:

@@ -1,4 +1,4 @@
-"""One sample's sandbox from its first use to its end: made by its backend in a start slot, removed by it."""
+"""One sample's sandbox from its first use to its end: made by its backend under a start permit, removed by it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 from agentbatch.sandboxes import registry
 from agentbatch.sandboxes.base import Backend, Sandbox, SandboxError, SandboxSpec
-from agentbatch.sandboxes.starts import start_slot
+from agentbatch.sandboxes.starts import start_permit
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +27,11 @@ class SampleSandbox:
         return self._sandbox is not None
 
     def get(self, time_left: float | None = None) -> Sandbox:
-        """The sandbox, created now if need be once a start slot is free; TimeoutError if `time_left` passes first."""
+        """The sandbox, created now if need be once a start permit is free; TimeoutError if `time_left` passes first."""
         if self._sandbox is None:
-            with start_slot(self.spec.settings.starts, time_left) as started:
+            with start_permit(self.spec.settings.starts, time_left) as started:
                 if not started:
-                    raise TimeoutError("the prompt's time limit came while its sandbox waited to start")
+                    raise TimeoutError("the sample's time limit came while its sandbox waited to start")
                 try:
                     self._sandbox = self.backend.create(self.spec)
                 except SandboxError as e:

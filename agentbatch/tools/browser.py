@@ -1,7 +1,7 @@
-"""The browser toolset: a real headless Chromium per prompt, driven through browser_session.
+"""The browser toolset: a real headless Chromium per sample, driven through browser_session.
 
 The prompt's `BrowserSession` is made on its first browser call, kept in `ctx.resources` and closed by
-`ctx.on_cleanup`, so no Chromium outlives its prompt. browser_snapshot stamps a `data-br-ref` attribute on
+`ctx.on_cleanup`, so no Chromium outlives its sample. browser_snapshot stamps a `data-br-ref` attribute on
 every interactive element it lists; the refs (`e12`) stay in the DOM, so they survive scrolling and later
 snapshots, and browser_click / browser_type find elements by them. Refs are numbered over the whole
 session, so a ref from a page the browser has left is reported as stale rather than hitting another element.
@@ -32,7 +32,7 @@ from agentbatch.tools.settings import ToolSettings
 from agentbatch.tools.vision import vision_model
 
 RESOURCE_KEY = "browser_session"
-NAVIGATION_TIMEOUT = 30.0  # capped by settings.command_timeout (itself cut to the time the prompt has left)
+NAVIGATION_TIMEOUT = 30.0  # capped by settings.command_timeout (itself cut to the time the sample has left)
 ACTION_TIMEOUT = 10.0
 NAVIGATION_GRACE = 0.5  # how long after a click or key press a navigation it triggers may take to start
 SNAPSHOT_MAX_CHARS = 60_000
@@ -58,7 +58,7 @@ def _session(ctx: ToolContext) -> BrowserSession:
 
 
 def _run(ctx: ToolContext, fn: Any, **extra: Any) -> dict:
-    """Run fn(live) in the prompt's browser; Playwright and policy failures become error results."""
+    """Run fn(live) in the sample's browser; Playwright and policy failures become error results."""
     session = _session(ctx)
     try:
         result = session.run(fn, _timeout(ctx.settings), ctx.limits.deadline)

@@ -1,11 +1,11 @@
-"""One prompt's headless Chromium, driven through Playwright from a thread of its own.
+"""One sample's headless Chromium, driven through Playwright from a thread of its own.
 
 Threading: Playwright's sync API is bound to the thread that started it, while the batch runner may run
-many prompts on different threads of one process and call a prompt's tools from whichever thread runs it.
+many samples on different threads of one process and call a sample's tools from whichever thread runs it.
 So each `BrowserSession` owns one dedicated thread that starts Playwright, launches Chromium and runs every
 browser operation handed to it through a queue; callers wait for the result with a deadline. No Playwright
-object ever crosses threads, and no two prompts share a Playwright driver, a browser or a process, so
-closing or killing one prompt's browser cannot touch another's.
+object ever crosses threads, and no two samples share a Playwright driver, a browser or a process, so
+closing or killing one sample's browser cannot touch another's.
 
 Hangs and crashes: Playwright calls have timeouts of their own, but some have none (an `evaluate` on a page
 stuck in a script loop), so the caller also waits with a deadline. Past it the session SIGKILLs its
@@ -111,7 +111,7 @@ class Live:
         self.ref_counter = 1  # refs are unique over the session, so a ref from an earlier page is never reused
 
     def set_timeout(self, seconds: float) -> None:
-        """The Playwright timeout of the operations to come (each call brings its own, cut to its prompt's time)."""
+        """The Playwright timeout of the operations to come (each call brings its own, cut to its sample's time)."""
         ms = max(round(seconds * 1000), 1)  # whole milliseconds, as Playwright reports them; 0 would be none
         if ms != self.timeout_ms:
             self.timeout_ms = ms

@@ -1,4 +1,4 @@
-"""What one prompt's tools share: its sandbox, the model client, the settings, its usage and its cleanups."""
+"""What one sample's tools share: its sandbox, the model client, the settings, its usage and its cleanups."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from agentbatch.sandboxes.base import Sandbox, SandboxError, SandboxSpec
 from agentbatch.sandboxes.sample import SampleSandbox
 from agentbatch.tools.settings import ToolSettings
 
-# The settings every tool's waits come from: each is cut to the time the prompt has left (ToolContext.settings).
+# The settings every tool's waits come from: each is cut to the time the sample has left (ToolContext.settings).
 TIMEOUT_SETTINGS = tuple(f.name for f in dataclasses.fields(ToolSettings) if f.name.endswith("_timeout"))
 
 
 class ToolContext:
-    """One prompt's tool state; the sandbox is made on first use and everything is released by close()."""
+    """One sample's tool state; the sandbox is made on first use and everything is released by close()."""
 
     def __init__(
         self,
@@ -46,10 +46,10 @@ class ToolContext:
 
     @property
     def settings(self) -> ToolSettings:
-        """The tools' settings, every `*_timeout` in them cut to the time the prompt has left.
+        """The tools' settings, every `*_timeout` in them cut to the time the sample has left.
 
         This is what keeps every tool, built-in or plug-in, within --prompt_timeout: a tool takes its waits
-        from here (or from `limits.cap` for a wait of its own), so none outlasts the prompt's deadline.
+        from here (or from `limits.cap` for a wait of its own), so none outlasts the sample's deadline.
         """
         left = self.limits.time_left()
         s = self._settings
@@ -69,7 +69,7 @@ class ToolContext:
 
     @property
     def sandbox_error(self) -> SandboxError | None:
-        """Why the sandbox could not be made: the environment's fault, not the model's, so the prompt fails (and
+        """Why the sandbox could not be made: the environment's fault, not the model's, so the sample fails (and
         --resume retries it) instead of saving a trajectory of it."""
         return self._sandbox.error
 
@@ -81,7 +81,7 @@ class ToolContext:
         return text.strip()
 
     def generate_image(self, request: dict) -> Reply:
-        """One images API call through the run's client for images; its usage counts into the prompt's."""
+        """One images API call through the run's client for images; its usage counts into the sample's."""
         reply = self.image_client.generate_image(request, deadline=self.limits.deadline)
         usage = reply.get("usage")
         if isinstance(usage, dict):  # the images API counts input and output tokens
@@ -95,11 +95,11 @@ class ToolContext:
         return reply
 
     def on_cleanup(self, fn: Callable[[], None]) -> None:
-        """Run fn when the prompt ends, whatever the outcome (latest registered runs first)."""
+        """Run fn when the sample ends, whatever the outcome (latest registered runs first)."""
         self._cleanups.append(fn)
 
     def close(self, interrupted: bool = False) -> None:
-        """Release everything the prompt made, its sandbox last; never raises. `interrupted`: it did not run to its end."""
+        """Release everything the sample made, its sandbox last; never raises. `interrupted`: it did not run to its end."""
         for fn in reversed(self._cleanups):
             try:
                 fn()

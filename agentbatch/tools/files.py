@@ -1,4 +1,4 @@
-"""The file toolset: read, write, patch and search files in the prompt's sandbox."""
+"""The file toolset: read, write, patch and search files in the sample's sandbox."""
 
 from __future__ import annotations
 

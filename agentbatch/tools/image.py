@@ -5,7 +5,7 @@ The model is --image_model or IMAGE_MODEL (the tool is offered only when one is 
 (ToolSettings.image_endpoint: a key goes only where it belongs); the call goes through the
 run's model client, retried like every model call. IMAGE_RESPONSE_FORMAT (url or b64_json; not sent by
 default, gpt-image models reject it) and IMAGE_SIZE shape the request. A reply carrying a URL is returned
-as is; one carrying base64 bytes is saved into the prompt's sandbox under images/ and its path returned.
+as is; one carrying base64 bytes is saved into the sample's sandbox under images/ and its path returned.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def image_generate(
 
 
 def _save(ctx: ToolContext, data: bytes) -> str:
-    """Write image bytes under images/ in the sandbox; the suffix keeps prompts sharing a cwd apart."""
+    """Write image bytes under images/ in the sandbox; the suffix keeps samples sharing a cwd apart."""
     count = ctx.resources.get("images_saved", 0) + 1
     ctx.resources["images_saved"] = count
     ext = _EXTENSIONS.get(image_mime(data) or "", "png")

@@ -289,7 +289,7 @@ def toolsets() -> dict[str, tuple[str, ...]]:
 
 def offered_tools(toolsets: list[str], settings: ToolSettings) -> list[Tool]:
     """The tools of the sampled toolsets that can work with these settings."""
-    # Asked once per prompt: what a run's settings leave out is worked out once (a check may stat a file or
+    # Asked once per sample: what a run's settings leave out is worked out once (a check may stat a file or
     # look for a package), by one thread: the hundreds of samples a run starts at once all ask at once, and
     # each working it out again was ~0.6 ms of CPU per sample start.
     usable = _usable.get(id(settings))

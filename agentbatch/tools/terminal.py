@@ -1,4 +1,4 @@
-"""The terminal toolset: one shell command in the prompt's sandbox."""
+"""The terminal toolset: one shell command in the sample's sandbox."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ def terminal(
     # A zero, negative or absurd timeout from the model falls back to the limit rather than killing at once.
     chosen = min(timeout, limit) if timeout is not None and timeout >= 1 else limit
     sandbox = ctx.sandbox()
-    cut = ctx.limits.cap(chosen)  # the prompt's deadline cuts the command too
+    cut = ctx.limits.cap(chosen)  # the sample's deadline cuts the command too
     result = sandbox.exec(command, timeout=cut)
     error = None
     if result.timed_out:
-        error = f"command timed out after {chosen:g} s" if cut >= chosen else "the prompt's time limit cut the command"
+        error = f"command timed out after {chosen:g} s" if cut >= chosen else "the sample's time limit cut the command"
     return {"output": result.output, "exit_code": result.exit_code, "error": error}

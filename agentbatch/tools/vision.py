@@ -1,6 +1,6 @@
 """The vision toolset: vision_analyze asks a vision-capable model a question about one image.
 
-The image is an http(s) URL, a data: URL, or the path of a file in the prompt's sandbox (sent as a base64
+The image is an http(s) URL, a data: URL, or the path of a file in the sample's sandbox (sent as a base64
 data URL). It goes to --vision_model (default --model) as an OpenAI `image_url` content part through the
 run's model client, so the call is retried and its usage counted like the agent's own. http(s) URLs pass
 the private-address policy (url_policy.py) first: a self-hosted endpoint would fetch them from inside our

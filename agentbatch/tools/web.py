@@ -99,7 +99,7 @@ def web_search(
         return {"results": [], "error": s.search_unavailable}
     from agentbatch import http_deadline
 
-    left = ctx.limits.time_left()  # every attempt and pause of the search ends by the prompt's deadline
+    left = ctx.limits.time_left()  # every attempt and pause of the search ends by the sample's deadline
     try:
         with http_deadline.deadline(left) if left is not None else contextlib.nullcontext():
             results = BACKENDS[s.search_backend](s, query.strip(), n, _timeout(ctx))

@@ -65,7 +65,7 @@ function matching() {
     if (filters.outcome) {
       const s = c.status[i];
       const ok =
-        filters.outcome === "passed" ? s === 0 : filters.outcome === "failed" ? s === 1 : filters.outcome === "noresult" ? s === 2 || s === 3 : s === 4 && c.kind[i] !== 2;
+        filters.outcome === "passed" ? s === 0 : filters.outcome === "not_passed" ? s === 1 : filters.outcome === "noresult" ? s === 2 || s === 3 : s === 4 && c.kind[i] !== 2;
       if (!ok) continue;
     }
     if (stop !== null && c.stop[i] !== stop) continue;
@@ -172,7 +172,7 @@ function filterBar() {
       "div",
       { class: "filter-line" },
       DATA.runs.length > 1 ? select("run", "all runs", runs) : null,
-      select("outcome", "any outcome", [["passed", "passed"], ["failed", "failed"], ["noresult", "check gave no result"], ["nocheck", "no check"]]),
+      select("outcome", "any outcome", [["passed", "passed"], ["not_passed", "not passed"], ["noresult", "check gave no result"], ["nocheck", "no check"]]),
       select("kind", "any kind", [["trajectory", "trajectories"], ["discarded", "discarded"], ["failed", "failed attempts"]]),
       select("stop", "any stop reason", stops.map((s) => [s, s])),
       select("toolset", "any toolset", namesIn("toolsets", ",").map((t) => [t, t])),

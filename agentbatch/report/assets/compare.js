@@ -17,10 +17,10 @@ function compareView() {
   const stats = runs.map((r) => r.statistics);
   const ks = [...new Set(stats.flatMap((s) => Object.keys(s.outcomes.pass_at_k).map(Number)))].sort((a, b) => a - b);
   const rows = [
-    ["samples", (s) => (s.prompts.total === null ? "?" : fmtInt(s.prompts.total))],
-    ["done", (s) => fmtInt(s.prompts.done)],
+    ["samples", (s) => (s.samples.total === null ? "?" : fmtInt(s.samples.total))],
+    ["done", (s) => fmtInt(s.samples.done)],
     ["discarded", (s) => fmtInt(s.discarded)],
-    ["failed", (s) => fmtInt(s.prompts.failed)],
+    ["failed", (s) => fmtInt(s.samples.failed)],
     ["completed", (s) => fmtInt(s.completed)],
     ["checked", (s) => fmtInt(s.outcomes.checked)],
     ["passed", (s) => fmtInt(s.outcomes.passed)],
@@ -128,7 +128,7 @@ function promptsView() {
   };
   const quick = [
     ["all", "all prompts"],
-    ["differ", "some runs pass, some fail"],
+    ["differ", "some runs pass, some do not"],
     ["all-pass", "every run passes"],
     ["none", "no run passes"],
   ].map(([which, text]) => el("button", { class: "chip", text, data: { which }, onclick: choose(which) }));

@@ -176,7 +176,7 @@ function promptText(p) {
 function outcomeOf(it) {
   if (it.kind === "failed") return ["failed attempt", "bad"];
   if (it.status === "passed") return ["passed", "good"];
-  if (it.status === "failed") return ["failed", "bad"];
+  if (it.status === "failed") return ["not passed", "bad"]; // a check that did not pass; "failed" is an attempt's word
   if (it.status === "timeout" || it.status === "error") return ["check " + it.status, "warn"];
   return ["no check", "muted"];
 }

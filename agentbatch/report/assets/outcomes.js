@@ -42,7 +42,7 @@ function outcomesView(run) {
   }
   const counts = [
     { label: "passed", value: o.passed, class: "good" },
-    { label: "failed", value: o.failed, class: "bad" },
+    { label: "not passed", value: o.not_passed, class: "bad" },
     { label: "timed out", value: o.timeout, class: "warn" },
     { label: "could not run", value: o.error, class: "warn" },
     { label: "without a check", value: o.unchecked, class: "muted" },

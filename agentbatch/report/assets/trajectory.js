@@ -133,7 +133,7 @@ function checkView(p) {
   const cls = c.status === "passed" ? "good" : c.status === "failed" ? "bad" : c.status === "none" ? "muted" : "warn";
   return section(
     "Check",
-    el("p", null, badge(c.status, cls), " ", c.status === "none" ? "this row has no check" : ""),
+    el("p", null, badge(c.status === "failed" ? "not passed" : c.status, cls), " ", c.status === "none" ? "this row has no check" : ""),
     c.status === "none"
       ? null
       : facts([

@@ -27,7 +27,7 @@ function overviewView(run) {
   const r = DATA.runs[run];
   const s = r.statistics;
   const o = s.outcomes;
-  const p = s.prompts;
+  const p = s.samples;
   const k = Object.keys(o.pass_at_k).map(Number);
   const kMax = k.length ? Math.max(...k) : null;
   const skipped = Object.values(r.skipped).reduce((a, b) => a + b.not_json + b.malformed + b.unknown_tool, 0);
@@ -52,7 +52,7 @@ function overviewView(run) {
     section("Run " + r.name + samples, runMeta(r), cards),
     section(
       "Stop reasons",
-      note("How each sample ended: the kept trajectories by their stop reason, and error for each prompt whose last attempt failed."),
+      note("How each sample ended: the kept trajectories by their stop reason, and error for each sample whose last attempt failed."),
       reasons.length ? barChart(reasons, fmtInt, { class: "stop-reasons", label: "stop reasons" }) : note("No sample has ended yet."),
     ),
     section("By model", table(["model", "trajectories", "completed", "discarded", "failed attempts", "tokens", "cost", "per completed"], models)),
@@ -149,7 +149,7 @@ function problemsView(run) {
       el(
         "p",
         null,
-        `${plural(attempts, "failed attempt")}; ${plural(s.prompts.failed, "sample")} whose last attempt failed (no trajectory). `,
+        `${plural(attempts, "failed attempt")}; ${plural(s.samples.failed, "sample")} whose last attempt failed (no trajectory). `,
         attempts ? el("button", { class: "link", text: "Show them", onclick: () => showList({ kind: "failed", run }) }) : null,
       ),
       r.failure_errors.length ? table(["error", "attempts"], r.failure_errors.map(([text, n]) => [text, fmtInt(n)]), "failures") : null,
