@@ -49,7 +49,7 @@ def children(pid: int) -> list[int]:
 
 def shell_pid(sandbox) -> int:
     """The host PID of the sample's resident shell (the child of bwrap, or of unshare)."""
-    (pid,) = children(sandbox._shell.pid)
+    (pid,) = children(sandbox._shell.current.pid)
     return pid
 
 
@@ -91,7 +91,7 @@ def test_a_command_gets_what_a_bash_c_of_its_own_got(sandbox):
     apart = sandbox._exec_apart(PROBE, timeout=30)
     assert resident.exit_code == apart.exit_code == 0, (resident, apart)
     assert resident.output == apart.output
-    assert sandbox._shell is not None and not sandbox._shell.dead  # the first ran in the resident shell
+    assert sandbox._shell.current is not None and not sandbox._shell.current.dead  # the first ran in the resident shell
     # Line numbers are the command's own, its exit code too; nothing of the shell's own is in its variables.
     result = sandbox.exec("true\nno-such-command-here\nset | grep -c '^__br' ; exit 7", timeout=30)
     assert result.output == "/bin/bash: line 2: no-such-command-here: command not found\n0\n" and result.exit_code == 7

@@ -50,7 +50,7 @@ from agentbatch.sandboxes.base import (
 )
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
-from agentbatch.sandboxes.resident import ResidentShell
+from agentbatch.sandboxes.resident import ResidentShell, SampleShell
 
 DEFAULT_WORKDIR = "/workspace"
 FILE_OP_TIMEOUT = 60.0  # also how long a long-lived process's sandbox may take to start
@@ -157,8 +157,7 @@ class BwrapSandbox:
         self._mounts = sorted(mounts, key=lambda m: len(m[0]), reverse=True)
         self._outer, opts, self._inner = self._bwrap_args(system_args)
         self._options = b"".join(o.encode() + b"\0" for o in opts)
-        self._shell: ResidentShell | None = None
-        self._shell_lock = threading.Lock()
+        self._shell = SampleShell(lambda: ResidentShell(self._shell_prefix, self._env, "/", self._lasting))
 
     def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
         """The command line before bwrap's options, the options (given on a pipe), and what follows them."""
@@ -207,27 +206,8 @@ class BwrapSandbox:
         return [*self._outer, "--args", str(read), *inner], (read,)
 
     def exec(self, command: str, timeout: float) -> ExecResult:
-        shell = self._free_shell()
-        if shell is None:
-            return self._exec_apart(command, timeout)
-        try:
-            done = shell.run(command, timeout)
-        finally:
-            shell.lock.release()
-        if done.timed_out:
-            return ExecResult(done.output.text(), -9, timed_out=True)
-        return ExecResult(done.output.text(), done.returncode)
-
-    def _free_shell(self) -> ResidentShell | None:
-        """The sample's resident shell, locked for one command (started now if there is none, or it ended);
-        None while another command holds it."""
-        with self._shell_lock:
-            if self._shell is not None and self._shell.dead:
-                self._shell.close()
-                self._shell = None
-            if self._shell is None:
-                self._shell = ResidentShell(self._shell_prefix, self._env, "/", self._lasting)
-            return self._shell if self._shell.lock.acquire(blocking=False) else None
+        done = self._shell.run(command, timeout)
+        return done if done is not None else self._exec_apart(command, timeout)
 
     def _exec_apart(self, command: str, timeout: float) -> ExecResult:
         """A command in a bwrap sandbox of its own over the same directories (the resident shell is busy)."""
@@ -343,10 +323,7 @@ class BwrapSandbox:
         return done.stdout[len(STARTED) :]
 
     def cleanup(self) -> None:
-        with self._shell_lock:
-            shell, self._shell = self._shell, None
-        if shell is not None:
-            shell.close()
+        self._shell.close()
         processes, self._processes = self._processes, []
         for process in processes:
             process.kill()

@@ -17,7 +17,6 @@ import os
 import posixpath
 import shlex
 import subprocess
-import threading
 
 from agentbatch.sandboxes import confined, containment, registry, sandbox_dirs
 from agentbatch.sandboxes.base import (
@@ -30,7 +29,7 @@ from agentbatch.sandboxes.base import (
 )
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
-from agentbatch.sandboxes.resident import ResidentShell
+from agentbatch.sandboxes.resident import ResidentShell, SampleShell
 
 UNTRUSTED = "not an isolation boundary: commands run as your user and reach whatever it can"
 _METHODS = {"pidns": "a PID namespace", "cgroup": "a cgroup", "scan": "a /proc scan (weak)"}
@@ -50,8 +49,9 @@ class LocalSandbox:
         self._tmp: str | None = None
         self._roots = _roots(cwd)
         self._processes: list[PipeProcess] = []
-        self._shell: ResidentShell | None = None
-        self._shell_lock = threading.Lock()
+        self._shell = SampleShell(
+            lambda: ResidentShell(lambda: (containment.namespace_prefix(), ()), self._env, self.workdir)
+        )
 
     @property
     def workdir(self) -> str:
@@ -80,27 +80,8 @@ class LocalSandbox:
 
     def exec(self, command: str, timeout: float) -> ExecResult:
         self._made()
-        shell = self._free_shell() if self.method == "pidns" else None
-        if shell is None:
-            return self._exec_apart(command, timeout)
-        try:
-            done = shell.run(command, timeout)
-        finally:
-            shell.lock.release()
-        if done.timed_out:
-            return ExecResult(done.output.text(), -9, timed_out=True)
-        return ExecResult(done.output.text(), done.returncode)
-
-    def _free_shell(self) -> ResidentShell | None:
-        """The sample's resident shell, locked for one command (started now if there is none, or it ended);
-        None while another command holds it."""
-        with self._shell_lock:
-            if self._shell is not None and self._shell.dead:
-                self._shell.close()
-                self._shell = None
-            if self._shell is None:
-                self._shell = ResidentShell(lambda: (containment.namespace_prefix(), ()), self._env, self.workdir)
-            return self._shell if self._shell.lock.acquire(blocking=False) else None
+        done = self._shell.run(command, timeout) if self.method == "pidns" else None
+        return done if done is not None else self._exec_apart(command, timeout)
 
     def _exec_apart(self, command: str, timeout: float) -> ExecResult:
         """A command in a containment of its own (the method has no resident shell, or it is busy)."""
@@ -192,10 +173,7 @@ class LocalSandbox:
         )
 
     def cleanup(self) -> None:
-        with self._shell_lock:
-            shell, self._shell = self._shell, None
-        if shell is not None:
-            shell.close()
+        self._shell.close()
         processes, self._processes = self._processes, []
         for process in processes:
             process.kill()

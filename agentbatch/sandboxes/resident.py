@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from agentbatch.sandboxes.base import SandboxError, one_line
+from agentbatch.sandboxes.base import ExecResult, SandboxError, one_line
 from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput, Streamed
 from agentbatch.sandboxes.process import on_lasting_thread
 
@@ -322,3 +322,46 @@ class ResidentShell:
                     os.close(fd)
                 setattr(self, name, -1)
         self._buffer = b""
+
+
+class SampleShell:
+    """A sandbox's one resident shell: started at its first command (again once it ended), lent to one command at
+    a time. `run` is None while another command holds it: the sandbox then runs that one apart."""
+
+    def __init__(self, make: Callable[[], ResidentShell]):
+        self._make = make
+        self._lock = threading.Lock()
+        self._shell: ResidentShell | None = None
+
+    @property
+    def current(self) -> ResidentShell | None:
+        """The shell now, if one was started (it may have ended since)."""
+        return self._shell
+
+    def run(self, command: str, timeout: float) -> ExecResult | None:
+        shell = self._lend()
+        if shell is None:
+            return None
+        try:
+            done = shell.run(command, timeout)
+        finally:
+            shell.lock.release()
+        if done.timed_out:
+            return ExecResult(done.output.text(), -9, timed_out=True)
+        return ExecResult(done.output.text(), done.returncode)
+
+    def _lend(self) -> ResidentShell | None:
+        with self._lock:
+            if self._shell is not None and self._shell.dead:
+                self._shell.close()
+                self._shell = None
+            if self._shell is None:
+                self._shell = self._make()
+            return self._shell if self._shell.lock.acquire(blocking=False) else None
+
+    def close(self) -> None:
+        """Ends the shell, if there is one (the sandbox's clean-up); a later command would start another."""
+        with self._lock:
+            shell, self._shell = self._shell, None
+        if shell is not None:
+            shell.close()
