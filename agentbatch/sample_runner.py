@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -13,6 +14,7 @@ from agentbatch.model import registry as models
 from agentbatch.model.base import Model, ModelCallError
 from agentbatch.model.client import ModelClient
 from agentbatch.model.usage import Usage
+from agentbatch.sample_tokens import TokenRecorder
 from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import SandboxError, SandboxSpec
 from agentbatch.secrets_guard import Redactor
@@ -38,6 +40,18 @@ class Clients:
             return cls(chat, chat)
         return cls(chat, ModelClient(replace(cfg.model, base_url=images[0], api_key=images[1])))
 
+    def for_sample(self) -> Clients:
+        """The models as one sample sees them: its session headers on every HTTP call (client.session_headers)."""
+        session_id = new_session_id()
+        return Clients(
+            *(m.for_session(session_id) if isinstance(m, ModelClient) else m for m in (self.chat, self.images))
+        )
+
+
+def new_session_id() -> str:
+    """One sample's session id: stable across its calls, another for every sample (and for every attempt)."""
+    return f"br-{secrets.token_hex(8)}"
+
 
 # --require_pass: why a sample that did not pass was discarded, by its check's status.
 DISCARD_REASONS = {"failed": "check_failed", "timeout": "check_timeout", "error": "check_error", "none": "no_check"}
@@ -49,6 +63,8 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
     usage = Usage(prices=cfg.prices)
     outcome = SampleOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
     ctx = None
+    clients = clients.for_sample()
+    recorder = TokenRecorder(cfg.model.tokenizer, cfg.model.policy_version) if cfg.model.token_ids else None
     try:
         spec = SandboxSpec(
             cfg.sandbox,
@@ -71,7 +87,15 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
         before = task.hooks.before_agent(hooked) if task.hooks is not None else None
         tools = offered_tools(task.toolsets, cfg.tools)
         result = run_agent(
-            task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
+            task.prompt,
+            clients.chat,
+            tools,
+            ctx,
+            cfg.max_turns,
+            cfg.system_prompt,
+            cfg.prefill,
+            cfg.model.logprobs,
+            recorder,
         )
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
@@ -100,6 +124,8 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
             tool_names=cfg.tool_set.names,
             task=task.metadata,
             duration_seconds=time.monotonic() - start,
+            token_ids=recorder is not None,
+            tokens=recorder.tokens() if recorder is not None else None,
         )
         outcome.record = record
         if cfg.require_reasoning and not any(

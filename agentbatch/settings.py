@@ -67,6 +67,9 @@ class ModelFlags:
     reasoning_effort: str | None
     reasoning_disabled: bool
     logprobs: bool
+    token_ids: bool
+    tokenizer: str | None
+    policy_version: str | None
     ephemeral_system_prompt: str | None
     prefill_messages: list[dict]  # --prefill_messages_file's messages, read and checked
 
