@@ -486,7 +486,7 @@ FLAGS: tuple[Flag, ...] = (
         "export",
         None,
         "write the run in these formats to <output_dir>/<run_name>/export/<format>/: openai, llama_factory, hermes, "
-        "atif, parquet, inspect (comma-separated); with --run_name alone it exports that run and exits, with "
+        "atif, parquet, inspect, tokens (comma-separated); with --run_name alone it exports that run and exits, with "
         "--dataset_file at the end of every session",
         lambda n, v: check_formats(n, check.name_list(n, v)),
         kind=str,

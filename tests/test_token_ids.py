@@ -4,6 +4,7 @@ every model call of a sample carries, with or without the flag. The real CLI aga
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 
@@ -39,23 +40,23 @@ SCRIPT = {
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
-    data = write_dataset(tmp / "ds.jsonl", list(SCRIPT))
-    flags = ["--token_ids", "--logprobs", "--policy_version=step-7"]
+    data = write_dataset(tmp / "ds.jsonl", [{"prompt": p, "answer": "Done."} for p in SCRIPT])
+    flags = ["--token_ids", "--logprobs", "--policy_version=step-7", "--export=tokens"]
     with ScriptedServer(script=SCRIPT) as srv:
         done = run_cli(args_for(data, tmp / "out", "v", *flags), tmp, srv)
         bodies = srv.requests()
     assert_clean_exit(done)
-    return lines_by_prompt(tmp / "out" / "v"), bodies
+    return lines_by_prompt(tmp / "out" / "v"), bodies, tmp / "out" / "v" / "export" / "tokens"
 
 
 def test_every_call_asks_for_token_ids_and_logprobs(vllm_run):
-    _, bodies = vllm_run
+    _, bodies, _ = vllm_run
     assert len(bodies) == 6
     assert all(b["return_token_ids"] is True and b["logprobs"] is True for b in bodies)
 
 
 def test_the_masked_ids_are_exactly_what_each_call_sampled(vllm_run):
-    lines, bodies = vllm_run
+    lines, bodies, _ = vllm_run
     tokens = lines["steady"]["tokens"]
     prompts = [render_prompt(b["messages"]) for b in calls_of(bodies, "steady")]
     completions = sampled(SCRIPT["steady"])
@@ -79,7 +80,7 @@ def test_the_masked_ids_are_exactly_what_each_call_sampled(vllm_run):
 
 
 def test_a_drift_is_recorded_where_it_is_and_no_re_rendered_id_gets_mask_1(vllm_run):
-    lines, bodies = vllm_run
+    lines, bodies, _ = vllm_run
     tokens = lines["drifts"]["tokens"]
     prompts = [render_prompt(b["messages"], drift=i == 2) for i, b in enumerate(calls_of(bodies, "drifts"))]
     completions = sampled(SCRIPT["drifts"])
@@ -89,6 +90,33 @@ def test_a_drift_is_recorded_where_it_is_and_no_re_rendered_id_gets_mask_1(vllm_
     # Only the last call's completion is still proven sampled: the earlier replies were re-rendered.
     assert tokens["mask"] == [0] * len(prompts[2]) + [1] * len(completions[2])
     assert all(v is None for v, m in zip(tokens["logprobs"], tokens["mask"], strict=True) if not m)
+
+
+def test_the_token_export_is_read_by_pyarrow_and_datasets_exactly(vllm_run):
+    import datasets
+    import pyarrow.parquet as pq
+
+    lines, _, folder = vllm_run
+    table = pq.read_table(folder / "data.parquet")
+    assert table.schema.field("logprobs").type.value_type == "double"
+    assert table.schema.field("input_ids").type.value_type == "int32"
+    loaded = datasets.load_dataset(str(folder), split="train")
+    for rows in (table.to_pylist(), list(loaded)):
+        by_group = {r["group"]: r for r in rows}
+        assert len(rows) == 2
+        for prompt, line in lines.items():
+            row = by_group[line["identity"]]
+            tokens = line["tokens"]
+            assert (row["index"], row["sample"]) == (line["prompt_index"], 0)
+            assert row["input_ids"] == tokens["ids"]
+            assert row["assistant_masks"] == tokens["mask"]
+            assert row["logprobs"] == tokens["logprobs"]  # float64: the very numbers the endpoint sent
+            assert row["reward"] == line["reward"] == 1.0
+            assert row["source"] == "endpoint"
+            assert row["policy_versions"] == ["step-7"] * 3
+            assert (row["drift"] is None) == (prompt == "steady")
+    drifted = next(r for r in table.to_pylist() if r["drift"])
+    assert json.loads(drifted["drift"]) == lines["drifts"]["tokens"]["drift"]
 
 
 @pytest.mark.parametrize("shape", ["sglang", "sglext"])
