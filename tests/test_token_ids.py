@@ -220,3 +220,36 @@ def test_every_call_of_a_sample_carries_one_session_id_and_samples_differ(tmp_pa
     for calls in sessions.values():
         assert len({c["messages"][0]["content"] for c in calls}) == 1
         assert sorted(sum(m["role"] == "assistant" for m in c["messages"]) for c in calls) == [0, 1]
+
+
+def test_a_drift_first_seen_late_still_loads_in_datasets_after_the_merge(vllm_run, tmp_path, monkeypatch):
+    # datasets types `tokens.drift` from the first chunk it reads: nulls there, a list later, fails the load.
+    # The merge writes a line showing a drift first (trajectory.VALUE_KINDS), as it does for tool calls.
+    import datasets
+
+    from agentbatch.run_dir.files import RunFiles
+    from agentbatch.run_dir.merge import merge
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    lines, _, _ = vllm_run
+    steady = [dict(lines["steady"], prompt_index=i, identity=f"s{i}") for i in range(60)]
+    files = RunFiles(str(tmp_path / "run"))
+    files.prepare()
+    # The drift ends the older batch; the newest starts without one, so only its kind makes it a lead.
+    for n, batch in enumerate((steady[:30] + [lines["drifts"]], steady[30:])):
+        with open(files.paths.batch(n), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in batch)
+
+    def load(path: str):
+        return datasets.load_dataset(
+            "json", data_files=path, split="train", cache_dir=str(tmp_path / "cache" / path[-8:]), chunksize=16 << 10
+        )
+
+    raw = tmp_path / "as-written.jsonl"
+    raw.write_bytes(b"".join(open(p, "rb").read() for p in files.paths.batches()))
+    with pytest.raises(datasets.exceptions.DatasetGenerationError):
+        load(str(raw))
+    assert merge(files).trajectories == 61
+    loaded = load(files.paths.path("trajectories.jsonl"))
+    assert loaded.num_rows == 61
+    assert [r["tokens"]["drift"] for r in loaded if r["tokens"]["drift"]] == [lines["drifts"]["tokens"]["drift"]]
