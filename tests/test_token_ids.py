@@ -41,7 +41,7 @@ SCRIPT = {
 def vllm_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
     data = write_dataset(tmp / "ds.jsonl", [{"prompt": p, "answer": "Done."} for p in SCRIPT])
-    flags = ["--token_ids", "--logprobs", "--policy_version=step-7", "--export=tokens"]
+    flags = ["--token_ids", "--logprobs", "--policy_version=step-7", "--export=tokens,parquet,openai"]
     with ScriptedServer(script=SCRIPT) as srv:
         done = run_cli(args_for(data, tmp / "out", "v", *flags), tmp, srv)
         bodies = srv.requests()
@@ -117,6 +117,9 @@ def test_the_token_export_is_read_by_pyarrow_and_datasets_exactly(vllm_run):
             assert (row["drift"] is None) == (prompt == "steady")
     drifted = next(r for r in table.to_pylist() if r["drift"])
     assert json.loads(drifted["drift"]) == lines["drifts"]["tokens"]["drift"]
+    # The other exports take such lines as they take any: the field is one more of the line's.
+    report = json.loads((folder.parent / "report.json").read_text())
+    assert report["parquet"]["written"] == report["openai"]["written"] == report["tokens"]["written"] == 2
 
 
 @pytest.mark.parametrize("shape", ["sglang", "sglext"])
