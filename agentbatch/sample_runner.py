@@ -86,16 +86,9 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
             verification.run_setup(ctx, task.setup, check_timeout)
         before = task.hooks.before_agent(hooked) if task.hooks is not None else None
         tools = offered_tools(task.toolsets, cfg.tools)
+        prefill, logprobs = cfg.prefill, cfg.model.logprobs
         result = run_agent(
-            task.prompt,
-            clients.chat,
-            tools,
-            ctx,
-            cfg.max_turns,
-            cfg.system_prompt,
-            cfg.prefill,
-            cfg.model.logprobs,
-            recorder,
+            task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, prefill, logprobs, recorder
         )
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
@@ -105,28 +98,7 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
             check = verification.run_check(
                 ctx, task.verify, task.answers, verification.last_message(result.messages), check_timeout
             )
-        record = build_record(
-            prompt_index=task.index,
-            messages=result.messages,
-            batch_num=task.batch_num,
-            timestamp=now_iso(),
-            model=cfg.model.model,
-            completed=result.completed,
-            partial=result.partial,
-            stop_reason=result.stop_reason,
-            api_calls=result.api_calls,
-            toolsets=task.toolsets,
-            usage=usage.as_dict(),
-            tool_schemas=result.tool_schemas,
-            sample_index=task.sample_index,
-            outcome=check.fields(),
-            identity=task.identity,
-            tool_names=cfg.tool_set.names,
-            task=task.metadata,
-            duration_seconds=time.monotonic() - start,
-            token_ids=recorder is not None,
-            tokens=recorder.tokens() if recorder is not None else None,
-        )
+        record = _record(task, cfg, result, usage, check.fields(), time.monotonic() - start, recorder)
         outcome.record = record
         if cfg.require_reasoning and not any(
             has_think_block(t["value"]) for t in record["conversations"] if t["from"] == "gpt"
@@ -148,3 +120,29 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
         outcome.usage = usage.as_dict()
         outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def _record(task: SampleTask, cfg: RunConfig, result, usage: Usage, outcome: dict, seconds: float, recorder) -> dict:
+    """The sample's trajectory line (trajectory.build_record), its `tokens` with --token_ids."""
+    return build_record(
+        prompt_index=task.index,
+        messages=result.messages,
+        batch_num=task.batch_num,
+        timestamp=now_iso(),
+        model=cfg.model.model,
+        completed=result.completed,
+        partial=result.partial,
+        stop_reason=result.stop_reason,
+        api_calls=result.api_calls,
+        toolsets=task.toolsets,
+        usage=usage.as_dict(),
+        tool_schemas=result.tool_schemas,
+        sample_index=task.sample_index,
+        outcome=outcome,
+        identity=task.identity,
+        tool_names=cfg.tool_set.names,
+        task=task.metadata,
+        duration_seconds=seconds,
+        token_ids=recorder is not None,
+        tokens=recorder.tokens() if recorder is not None else None,
+    )
