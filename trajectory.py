@@ -312,7 +312,8 @@ def shown_kinds(record: dict) -> set[str]:
         "tokens": isinstance(tokens, dict),
         "token_drift": isinstance(tokens, dict) and bool(tokens.get("drift")),
         "policy_version": isinstance(tokens, dict)
-        and any(isinstance(c, dict) and c.get("policy_version") is not None for c in tokens.get("calls") or []),
+        and isinstance(tokens.get("calls"), list)
+        and any(isinstance(c, dict) and c.get("policy_version") is not None for c in tokens["calls"]),
     }
     return {kind for kind, yes in shown.items() if yes}
 

@@ -216,9 +216,10 @@ def _turn(turn: dict) -> dict:
 def _tokens(tokens: dict) -> dict:
     """A line's --token_ids `tokens` as the page shows them: counts and the drift, the ids themselves stay in the file."""
     mask = tokens.get("mask") if isinstance(tokens.get("mask"), list) else []
+    ids = tokens.get("ids") if isinstance(tokens.get("ids"), list) else []
     return {
         "source": tokens.get("source"),
-        "ids": len(tokens.get("ids") or ()),
+        "ids": len(ids),
         "sampled": sum(1 for m in mask if m == 1),
         "calls": tokens.get("calls"),
         "drift": tokens.get("drift"),
