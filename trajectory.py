@@ -229,13 +229,16 @@ def build_record(
     tool_names: Iterable[str] = ALL_TOOL_NAMES,
     task: dict | None = None,
     duration_seconds: float | None = None,
+    token_ids: bool = False,
+    tokens: dict | None = None,
 ) -> dict:
     """One trajectory line; every line of a run has the same keys and nested shape, so `datasets` loads any mix.
 
     `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()); `identity` is the
     row's (dataset.task_identity), which the runner always gives; `tool_names` are the run's tools, each with
     its entry in `tool_stats` and `tool_error_counts`; `task` is a Harbor task's name, difficulty, category
-    and tags; `duration_seconds` how long the sample ran, from its sandbox's check to its own check's end.
+    and tags; `duration_seconds` how long the sample ran, from its sandbox's check to its own check's end;
+    `tokens` the sample's token ids (agentbatch.sample_tokens), on every line of a --token_ids run (`token_ids`).
     """
     conversations = to_conversations(messages)
     stats = tool_stats_of(messages, tool_names)
@@ -268,6 +271,7 @@ def build_record(
         },
         **({"duration_seconds": round(float(duration_seconds), 3)} if duration_seconds is not None else {}),
         "tools": _schemas_text(tool_schemas),
+        **({"tokens": tokens} if token_ids else {}),
     }
 
 
@@ -305,6 +309,9 @@ VALUE_KINDS: dict[str, bytes] = {
     "cached_calls": b'"cached_calls": ',
     "checks": b'"checks": [{',
     "final_state": b'"final_state": "',
+    "tokens": b'"tokens": {"source": ',
+    "token_drift": b'"drift": [',
+    "policy_version": b'"policy_version": "',
 }
 
 
@@ -312,6 +319,7 @@ def shown_kinds(record: dict) -> set[str]:
     """The VALUE_KINDS a trajectory line shows a value for."""
     turns = record.get("conversations") or []
     check = record.get("check") if isinstance(record.get("check"), dict) else None
+    tokens = record.get("tokens")
     shown = {
         "tool_calls": any(isinstance(t, dict) and t.get("tool_calls") for t in turns),
         "logprobs": any(isinstance(t, dict) and t.get("logprobs") for t in turns),
@@ -326,6 +334,11 @@ def shown_kinds(record: dict) -> set[str]:
         "cached_calls": isinstance(record.get("usage"), dict) and "cached_calls" in record["usage"],
         "checks": isinstance(record.get("checks"), list) and bool(record["checks"]),
         "final_state": isinstance(record.get("final_state"), str),
+        "tokens": isinstance(tokens, dict) and isinstance(tokens.get("source"), str),
+        "token_drift": isinstance(tokens, dict) and isinstance(tokens.get("drift"), list) and bool(tokens["drift"]),
+        "policy_version": isinstance(tokens, dict)
+        and isinstance(tokens.get("calls"), list)
+        and any(isinstance(c, dict) and c.get("policy_version") is not None for c in tokens["calls"]),
     }
     return {kind for kind, yes in shown.items() if yes}
 

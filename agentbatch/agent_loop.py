@@ -10,6 +10,7 @@ from agentbatch.limits import TIME_LIMIT_MESSAGE
 from agentbatch.model.base import ContextOverflow, DeadlineReached, Model
 from agentbatch.model.logprobs import token_logprobs
 from agentbatch.model.reasoning import split_reasoning
+from agentbatch.sample_tokens import TokenRecorder
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import Tool, call_tool
 
@@ -42,10 +43,12 @@ def run_agent(
     system_prompt: str | None = None,
     prefill: list[dict] | None = None,
     logprobs: bool = False,
+    recorder: TokenRecorder | None = None,
 ) -> AgentResult:
     """Run one sample's conversation; model errors that outlast the retries propagate (the sample fails).
 
-    With `logprobs`, each saved assistant message keeps the reply's token log probabilities (model.logprobs).
+    With `logprobs`, each saved assistant message keeps the reply's token log probabilities (model.logprobs);
+    a `recorder` (--token_ids) is given every kept call: what was sent, the reply, the message saved from it.
     """
     by_name = {t.name: t for t in tools}
     schemas = [t.schema() for t in tools]
@@ -61,7 +64,8 @@ def run_agent(
             return result
         result.api_calls += 1
         try:
-            response = client.chat(prefix + [_for_api(m) for m in saved], schemas, deadline=ctx.limits.deadline)
+            sent = prefix + [_for_api(m) for m in saved]
+            response = client.chat(sent, schemas, deadline=ctx.limits.deadline)
         except ContextOverflow:
             result.partial, result.stop_reason = True, "context"
             return result
@@ -79,10 +83,7 @@ def run_agent(
                 return result
             continue
         unknown_streak = 0
-        reasoning, content = split_reasoning(choice.message)
-        assistant: dict = {"role": "assistant", "content": content, "reasoning": reasoning}
-        if logprobs and (tokens := token_logprobs(choice)):
-            assistant["logprobs"] = tokens
+        assistant = _assistant(choice, logprobs)
         cut = choice.finish_reason == "length"
         # Some servers omit call ids or send arguments as an object: normalise so ids pair calls with results.
         calls = [
@@ -95,6 +96,8 @@ def run_agent(
                 for cid, name, args in calls
             ]
         saved.append(assistant)
+        if recorder is not None:
+            recorder.add(sent, schemas, response, assistant)
         if cut:
             # The reply was cut off; its tool calls may be truncated, so none are run or saved
             # (a saved call without a result would count as a failed tool call).
@@ -111,6 +114,15 @@ def run_agent(
             saved.append({"role": "tool", "tool_call_id": cid, "name": name, "content": output, "ok": ok})
     result.stop_reason = "max_turns"
     return result
+
+
+def _assistant(choice, logprobs: bool) -> dict:
+    """The assistant message saved from a reply: its content, its reasoning apart, its logprobs if asked for."""
+    reasoning, content = split_reasoning(choice.message)
+    assistant: dict = {"role": "assistant", "content": content, "reasoning": reasoning}
+    if logprobs and (tokens := token_logprobs(choice)):
+        assistant["logprobs"] = tokens
+    return assistant
 
 
 def _arguments_text(arguments: Any) -> str:

@@ -389,6 +389,28 @@ FLAGS: tuple[Flag, ...] = (
         check.boolean,
         group="model",
     ),
+    Flag(
+        "token_ids",
+        False,
+        "ask every model call for the token ids it saw and sampled and record the sample's `tokens` "
+        "(ids, mask, logprobs: docs/output.md); where the endpoint sends none they are retokenized",
+        check.boolean,
+        group="model",
+    ),
+    _t(
+        "tokenizer",
+        None,
+        "with --token_ids, the Hugging Face tokenizer (name or directory) whose chat template retokenizes the calls "
+        "of an endpoint that sends no ids",
+        shown="the model's name",
+        group="model",
+    ),
+    _t(
+        "policy_version",
+        None,
+        "a label of the policy the model serves, recorded on every model call of the sample's `tokens`",
+        group="model",
+    ),
     Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int, group="run"),
     Flag(
         "cache",
@@ -511,7 +533,7 @@ FLAGS: tuple[Flag, ...] = (
         "export",
         None,
         "write the run in these formats to <output_dir>/<run_name>/export/<format>/: openai, llama_factory, hermes, "
-        "atif, parquet, inspect (comma-separated); with --run_name alone it exports that run and exits, with "
+        "atif, parquet, inspect, tokens (comma-separated); with --run_name alone it exports that run and exits, with "
         "--dataset_file at the end of every session",
         lambda n, v: check_formats(n, check.name_list(n, v)),
         kind=str,

@@ -227,6 +227,9 @@ def model_settings(s: Settings, model: str, base_url: str, key: str, workers: in
         pacing_dir=pacing_dir,
         logprobs=m.logprobs,
         cache=model_cache(s, base_url),
+        token_ids=m.token_ids,
+        tokenizer=m.tokenizer or default_tokenizer(s, model),
+        policy_version=m.policy_version,
     )
 
 
@@ -242,6 +245,17 @@ def model_cache(s: Settings, base_url: str) -> cache.CacheSettings | None:
 
         gguf = local_server.resolve_model(m.local_model_path)
     return cache.for_run(m.cache_dir, m.cache_expiry, m.cache_size, s.run.seed, base_url, gguf)
+
+
+def default_tokenizer(s: Settings, model: str) -> str | None:
+    """Whose chat template retokenizes calls sent without ids: the model's name, the embedded model's GGUF file."""
+    if not s.model.token_ids:
+        return None
+    if s.model.local:
+        from agentbatch.model import local_server
+
+        return local_server.resolve_model(s.model.local_model_path)
+    return model
 
 
 def run_config(

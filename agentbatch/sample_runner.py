@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -14,6 +15,7 @@ from agentbatch.model import registry as models
 from agentbatch.model.base import Model, ModelCallError
 from agentbatch.model.client import ModelClient
 from agentbatch.model.usage import Usage
+from agentbatch.sample_tokens import TokenRecorder
 from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import SandboxError, SandboxSpec
 from agentbatch.secrets_guard import Redactor
@@ -41,10 +43,24 @@ class Clients:
         return cls(chat, cache.cached(ModelClient(settings), settings))
 
     def for_sample(self, task: SampleTask, usage: Usage) -> Clients:
-        """The models as one sample calls them: a cached model keys its calls by the sample and counts its hits."""
-        chat = cache.for_sample(self.chat, task.sample_index, usage)
-        images = chat if self.images is self.chat else cache.for_sample(self.images, task.sample_index, usage)
+        """The models as one sample calls them: its session headers on every HTTP call (client.session_headers), and
+        a cached model keys its calls by the sample and counts its hits."""
+        session_id = new_session_id()
+        chat, images = (_in_session(m, session_id) for m in (self.chat, self.images))
+        chat = cache.for_sample(chat, task.sample_index, usage)
+        images = chat if self.images is self.chat else cache.for_sample(images, task.sample_index, usage)
         return Clients(chat, images)
+
+
+def _in_session(model: Model, session_id: str) -> Model:
+    """The model with one sample's session headers, where it is called over HTTP (a client, or a cache over one)."""
+    for_session = getattr(model, "for_session", None)
+    return for_session(session_id) if for_session is not None else model
+
+
+def new_session_id() -> str:
+    """One sample's session id: stable across its calls, another for every sample (and for every attempt)."""
+    return f"br-{secrets.token_hex(8)}"
 
 
 # --require_pass: why a sample that did not pass was discarded, by its check's status.
@@ -70,6 +86,7 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
     outcome = SampleOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
     ctx = None
     clients = clients.for_sample(task, usage)
+    recorder = TokenRecorder(cfg.model.tokenizer, cfg.model.policy_version) if cfg.model.token_ids else None
     try:
         spec = sandbox_spec(task, cfg)
         if task.unavailable:  # its image could not be made: it fails before any model call
@@ -85,8 +102,9 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
         before = task.hooks.before_agent(hooked) if task.hooks is not None else None
         tools = offered_tools(task.toolsets, cfg.tools) + (task.hooks.tools(hooked, before) if task.hooks else [])
         prompt = task.hooks.prompt(hooked, before, task.prompt) if task.hooks is not None else task.prompt
+        prefill, logprobs = cfg.prefill, cfg.model.logprobs
         result = run_agent(
-            prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
+            prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, prefill, logprobs, recorder
         )
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
@@ -98,26 +116,7 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
             check = verification.run_check(
                 ctx, task.verify, task.answers, verification.last_message(result.messages), check_timeout
             )
-        record = build_record(
-            prompt_index=task.index,
-            messages=result.messages,
-            batch_num=task.batch_num,
-            timestamp=now_iso(),
-            model=cfg.model.model,
-            completed=result.completed,
-            partial=result.partial,
-            stop_reason=result.stop_reason,
-            api_calls=result.api_calls,
-            toolsets=task.toolsets,
-            usage=usage.as_dict(),
-            tool_schemas=result.tool_schemas,
-            sample_index=task.sample_index,
-            outcome=check.fields(),
-            identity=task.identity,
-            tool_names=cfg.tool_set.names,
-            task=task.metadata,
-            duration_seconds=time.monotonic() - start,
-        )
+        record = _record(task, cfg, result, usage, check.fields(), time.monotonic() - start, recorder)
         outcome.record = record
         outcome.files = check.files
         if cfg.require_reasoning and not any(
@@ -140,3 +139,29 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
         outcome.usage = usage.as_dict()
         outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def _record(task: SampleTask, cfg: RunConfig, result, usage: Usage, outcome: dict, seconds: float, recorder) -> dict:
+    """The sample's trajectory line (trajectory.build_record), its `tokens` with --token_ids."""
+    return build_record(
+        prompt_index=task.index,
+        messages=result.messages,
+        batch_num=task.batch_num,
+        timestamp=now_iso(),
+        model=cfg.model.model,
+        completed=result.completed,
+        partial=result.partial,
+        stop_reason=result.stop_reason,
+        api_calls=result.api_calls,
+        toolsets=task.toolsets,
+        usage=usage.as_dict(),
+        tool_schemas=result.tool_schemas,
+        sample_index=task.sample_index,
+        outcome=outcome,
+        identity=task.identity,
+        tool_names=cfg.tool_set.names,
+        task=task.metadata,
+        duration_seconds=seconds,
+        token_ids=recorder is not None,
+        tokens=recorder.tokens() if recorder is not None else None,
+    )

@@ -68,6 +68,9 @@ class ModelFlags:
     reasoning_effort: str | None
     reasoning_disabled: bool
     logprobs: bool
+    token_ids: bool
+    tokenizer: str | None
+    policy_version: str | None
     ephemeral_system_prompt: str | None
     prefill_messages: list[dict]  # --prefill_messages_file's messages, read and checked
     cache: bool  # calls answered from the model-call cache (model/cache.py) when they can be

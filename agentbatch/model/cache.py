@@ -14,6 +14,7 @@ what the reply cost when it was paid for (Usage.add_cached), so a replay stops w
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -102,6 +103,14 @@ class CachedModel:
     def for_sample(self, sample_index: int, usage: Usage | None) -> Model:
         """This model as one sample calls it: its index in the keys, its cached calls counted in `usage`."""
         return _SampleModel(self, sample_index, usage)
+
+    def for_session(self, session_id: str) -> CachedModel:
+        """This cache over its model as one sample's session calls it (client.ModelClient.for_session: the session
+        headers, which are no part of a key); the same store."""
+        twin = copy.copy(self)
+        for_session = getattr(self.inner, "for_session", None)
+        twin.inner = for_session(session_id) if for_session is not None else self.inner
+        return twin
 
     def chat(
         self,

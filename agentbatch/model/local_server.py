@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from agentbatch.errors import FatalError
+from agentbatch.model import local_ids
 
 log = logging.getLogger("batch_runner")
 
@@ -357,11 +358,17 @@ class TokenBudget:
 
 
 def capped_chat_handler(llama, max_tokens: int | None = None, **kwargs):
-    """chatml-function-calling with every completion it runs for a request inside the request's max_tokens."""
+    """chatml-function-calling with every completion it runs for a request inside the request's max_tokens.
+
+    The ids the model saw and sampled are kept for the reply (local_ids.SampledIds), when the request ran one
+    completion.
+    """
     from llama_cpp.llama_chat_format import chatml_function_calling
 
     budget = max_tokens if max_tokens and max_tokens > 0 else MAX_TOKENS
-    return chatml_function_calling(llama=TokenBudget(llama, budget), max_tokens=budget, **kwargs)
+    with local_ids.SampledIds(llama) as sampled:
+        reply = chatml_function_calling(llama=TokenBudget(llama, budget), max_tokens=budget, **kwargs)
+    return sampled.add_to(reply, bool(kwargs.get("logprobs")))
 
 
 class RequestAdapter:
@@ -393,7 +400,7 @@ class RequestAdapter:
             sent = True
             return {"type": "http.request", "body": raw, "more_body": False}
 
-        return await self.app(dict(scope, headers=headers), replay, send)
+        return await self.app(dict(scope, headers=headers), replay, local_ids.adding_ids(send, local_ids.asks_ids(raw)))
 
 
 def main(argv: list[str] | None = None) -> None:
