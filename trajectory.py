@@ -217,13 +217,15 @@ def build_record(
     tool_names: Iterable[str] = ALL_TOOL_NAMES,
     task: dict | None = None,
     duration_seconds: float | None = None,
+    policy_version: str | None = None,
 ) -> dict:
     """One trajectory line; every line of a run has the same keys and nested shape, so `datasets` loads any mix.
 
     `outcome` is the line's `reward`, `passed` and `check` (verification.CheckResult.fields()); `identity` is the
     row's (dataset.task_identity), which the runner always gives; `tool_names` are the run's tools, each with
     its entry in `tool_stats` and `tool_error_counts`; `task` is a Harbor task's name, difficulty, category
-    and tags; `duration_seconds` how long the sample ran, from its sandbox's check to its own check's end.
+    and tags; `duration_seconds` how long the sample ran, from its sandbox's check to its own check's end;
+    `policy_version` the label of the policy its model calls used (--policy_version), absent without one.
     """
     conversations = to_conversations(messages)
     stats = tool_stats_of(messages, tool_names)
@@ -237,6 +239,7 @@ def build_record(
         "stop_reason": stop_reason,
         "sample_index": sample_index,
         **({"identity": identity} if identity is not None else {}),
+        **({"policy_version": policy_version} if policy_version is not None else {}),
         **(outcome or no_check()),
         "api_calls": api_calls,
         "toolsets_used": list(toolsets),
@@ -283,6 +286,7 @@ VALUE_KINDS: dict[str, bytes] = {
     "rewards": b'"rewards": ',
     "task": b'"task": {"name": ',
     "duration": b'"duration_seconds": ',
+    "policy_version": b'"policy_version": "',
 }
 
 
@@ -301,6 +305,7 @@ def shown_kinds(record: dict) -> set[str]:
         "rewards": check is not None and check.get("rewards") is not None,
         "task": isinstance(record.get("task"), dict) and record["task"].get("name") is not None,
         "duration": isinstance(record.get("duration_seconds"), int | float),
+        "policy_version": isinstance(record.get("policy_version"), str),
     }
     return {kind for kind, yes in shown.items() if yes}
 

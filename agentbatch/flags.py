@@ -325,6 +325,13 @@ FLAGS: tuple[Flag, ...] = (
         check.boolean,
         group="model",
     ),
+    _t(
+        "policy_version",
+        None,
+        "a label of the policy the model serves, recorded on every sample it samples (docs/rollouts.md)",
+        check.label,
+        group="model",
+    ),
     _t("ephemeral_system_prompt", None, "system prompt sent with every call, never saved", group="model"),
     Flag("log_prefix_chars", 100, "length of prompt previews in --verbose logs", _int(0, 1_000_000), group="run"),
     _t(

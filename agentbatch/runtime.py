@@ -81,9 +81,13 @@ class Runtime:
         self.base_url, self.model = self._serve_model()
         key = model_key(s, self.base_url, self.model)
         guard_process(key)
-        self.run_dir, self.session_id = s.run.run_dir, new_session_id()
-        labels = owner_labels(self.run_dir, self.session_id)
-        spec = SandboxSpec(sandbox, run_name=s.run.run_name, labels=dict(labels))  # the MCP servers' sandboxes
+        self.session_id = new_session_id()
+        # A Python caller's rollouts may have no run directory (rollouts.py): nothing is written then, and its
+        # sandboxes are labelled with a directory no run has, so no session ever reaps them but its own.
+        self.run_dir = s.run.run_dir if s.run.run_name is not None else ""
+        owner = self.run_dir or os.path.join(tempfile.gettempdir(), f"br-rollouts-{self.session_id}")
+        labels = owner_labels(owner, self.session_id)
+        spec = SandboxSpec(sandbox, run_name=self.run_name, labels=dict(labels))  # the MCP servers' sandboxes
         own_tools, self.distribution = prepare_tools(s, spec)
         check_outputs(s, own_tools, self.run_dir)
         self.secrets = (key, *withdrawn.values(), *tools.secrets(), *own_tools.secrets())
@@ -93,7 +97,13 @@ class Runtime:
         model = model_settings(s, self.model, self.base_url, key, self.plan.processes, pacing_dir)
         sandbox = dataclasses.replace(sandbox, starts=sandbox_starts(s.scale.sandbox_starts, self.plan.processes))
         self.cfg = run_config(s, model, tools, sandbox, own_tools, labels, self.secrets)
+        self.cfg = dataclasses.replace(self.cfg, run_name=self.run_name)
         self.priced = s.budget.priced or reports_cost(self.base_url)
+
+    @property
+    def run_name(self) -> str:
+        """--run_name; "rollouts" for a Python caller's rollouts without a run directory."""
+        return self.settings.run.run_name or "rollouts"
 
     def _serve_model(self) -> tuple[str, str]:
         """(base_url, model): the embedded model served on loopback until the Runtime ends, else the flags'."""
@@ -203,6 +213,7 @@ def model_settings(s: Settings, model: str, base_url: str, key: str, workers: in
         workers=workers,
         pacing_dir=pacing_dir,
         logprobs=m.logprobs,
+        policy_version=m.policy_version,
     )
 
 

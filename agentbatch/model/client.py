@@ -57,6 +57,7 @@ class ModelSettings:
     pacing: bool = True  # False sends every call at once, as the runner did before (the benchmarks' baseline)
     pacing_dir: str | None = None  # where the workers tell each other an endpoint's rate limit (rate_limit.py)
     logprobs: bool = False
+    policy_version: str | None = None  # the label of the policy this endpoint serves, recorded on each sample
 
     def extra_body(self, main: bool = True) -> dict:
         """OpenRouter's `provider` and (for the main model only) `reasoning` and `logprobs` fields, when asked for."""

@@ -1,0 +1,199 @@
+"""Rollouts on demand for a training loop (docs/rollouts.md): `from agentbatch import Rollouts`.
+
+    with Rollouts(model="policy", base_url="http://127.0.0.1:8000/v1", samples_per_prompt=4) as rollouts:
+        for group in rollouts.run([{"prompt": "..."}, ...]):   # a group per task, as soon as it is whole
+            rewards = [s.reward for s in group.samples]
+        rollouts.update(policy_version="step-2")                # the next samples' calls use the new label
+
+`Rollouts(**flags)` takes the CLI's flags as keyword arguments (settings.build); entering it starts what a
+run starts once (runtime.Runtime: sandboxes, the embedded model, MCP servers, the workers), leaving it stops
+them all. With `run_name` every sample is recorded in data/<run_name>/ as a CLI run records it
+(rollout_run.py); without, nothing is written. The scheduling of every call's samples is rollout_feed.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import queue
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
+
+from agentbatch import flags, rollout_tasks, settings
+from agentbatch.errors import FatalError
+from agentbatch.model.client import ModelSettings
+from agentbatch.rollout_feed import END, Call, Feed, Group, Sample
+from agentbatch.rollout_run import RunRecords
+from agentbatch.runtime import Runtime
+from agentbatch.secrets_guard import Redactor
+from agentbatch.session import sample_task
+from agentbatch.work import SampleOutcome, SampleTask
+from toolset_distributions import prompt_rng, sample_toolsets
+
+__all__ = ["Group", "Rollouts", "RolloutsError", "Sample"]
+
+# What a call or `update` may point the workers at, without restarting them: flag → ModelSettings field.
+MODEL_CHANGES = {"model": "model", "base_url": "base_url", "policy_version": "policy_version"}
+
+
+class RolloutsError(RuntimeError):
+    """The rollouts cannot go on (a run directory's write failed, the workers broke); what was recorded stays."""
+
+
+class Rollouts:
+    """What a run starts once, kept open for many calls of `run` / `arun` (module docstring)."""
+
+    def __init__(self, **values: Any):
+        self.settings = settings.build(values)
+        self._runtime: Runtime | None = None
+        self._feed: Feed | None = None
+        self._records: RunRecords | None = None
+        self._model: ModelSettings | None = None
+        self._redact = Redactor()
+
+    def __enter__(self) -> Rollouts:
+        runtime = self._runtime = Runtime(self.settings)
+        runtime.__enter__()
+        try:
+            if self.settings.run.run_name is not None:
+                self._records = RunRecords(runtime)
+                self._records.open()
+            executor = runtime.executor()  # its workers forked now, before the feed's thread
+            self._model = runtime.cfg.model
+            self._redact = Redactor(runtime.secrets)
+            self._feed = Feed(executor, self._record)
+        except BaseException:
+            self._close("stopped")
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._close("interrupted" if exc[0] is not None else "finished")
+
+    def _close(self, state: str) -> None:
+        try:
+            if self._feed is not None:
+                self._feed.close()
+            if self._records is not None:
+                self._records.close(state)
+        finally:
+            self._feed = self._records = None
+            if self._runtime is not None:
+                self._runtime.__exit__(None, None, None)
+                self._runtime = None
+
+    @property
+    def policy_version(self) -> str | None:
+        """The policy label the next samples' model calls are recorded with."""
+        return self._require_open()[1].policy_version
+
+    def update(self, **changes: Any) -> None:
+        """Point the next samples at another `model`, `base_url` or `policy_version`, workers and sandboxes kept."""
+        self._model = self._model_with(changes)
+
+    def run(self, tasks: Iterable[Any], samples_per_prompt: int | None = None, **changes: Any) -> Iterator[Group]:
+        """A group per task as soon as all its samples finished (finishing order; `index`: its position). Changes of
+        `model`, `base_url`, `policy_version` apply to this call only. Stopping early cancels the rest."""
+        items: queue.SimpleQueue = queue.SimpleQueue()
+        call = self._start(tasks, samples_per_prompt, changes, items.put)
+        feed = self._require_open()[0]
+        try:
+            while (item := items.get()) is not END:
+                yield self._taken(call, item, feed)
+        finally:
+            if call.left:
+                feed.cancel(call)
+
+    async def arun(
+        self, tasks: Iterable[Any], samples_per_prompt: int | None = None, **changes: Any
+    ) -> AsyncIterator[Group]:
+        """`run` for an asyncio caller: the same groups, awaited; the tasks are prepared off the event loop."""
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+
+        def deliver(item: object) -> None:
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody reads this call any more
+                pass
+
+        call = await asyncio.to_thread(self._start, list(tasks), samples_per_prompt, changes, deliver)
+        feed = self._require_open()[0]
+        try:
+            while (item := await items.get()) is not END:
+                yield self._taken(call, item, feed)
+        finally:
+            if call.left:
+                feed.cancel(call)
+
+    def _taken(self, call: Call, item: object, feed: Feed) -> Group:
+        if isinstance(item, BaseException):
+            raise RolloutsError(f"the rollouts stopped: {type(item).__name__}: {item}") from item
+        feed.taken(call)
+        return item  # type: ignore[return-value]
+
+    def _start(self, tasks: Iterable[Any], samples: int | None, changes: dict, deliver: Callable) -> Call:
+        """The call's tasks checked and prepared, its samples submitted (those a resumed run has taken from it)."""
+        feed, model = self._require_open()
+        runtime = self._runtime
+        n = self.settings.run.samples_per_prompt if samples is None else _samples(samples)
+        model = self._model_with(changes) if changes else model
+        tasks = list(tasks)
+        entries = rollout_tasks.prepare(rollout_tasks.entries_of(tasks), runtime)
+        window = max(2, -(-2 * runtime.plan.slots // n))  # groups open at once: every slot kept busy, no more
+        call = Call(window, deliver)
+        if self._records is not None:
+            self._records.given(entries)
+        groups = []
+        for i, (task, entry) in enumerate(zip(tasks, entries, strict=True)):
+            number = feed.number()
+            group, to_run = Group(i, task), []
+            toolsets = sample_toolsets(runtime.distribution, prompt_rng(self.settings.run.seed, number))
+            for s in range(n):
+                earlier = self._records.earlier(entry, s, model.policy_version) if self._records else None
+                if earlier is not None:
+                    group.samples.append(Sample(s, earlier[0], self._handed_back(earlier[1])))
+                    continue
+                batch = self._records.next_batch() if self._records else 0
+                to_run.append(dataclasses.replace(sample_task(entry, number, s, batch, toolsets), model=model))
+            groups.append((number, group, n, to_run))
+        feed.submit(call, groups)
+        return call
+
+    def _model_with(self, changes: dict) -> ModelSettings:
+        """The model settings with these changes, each checked by its flag; FatalError naming a bad one."""
+        model = self._require_open()[1]
+        unknown = sorted(set(changes) - set(MODEL_CHANGES))
+        if unknown:
+            raise FatalError(f"{unknown[0]}: only {', '.join(MODEL_CHANGES)} can change between calls")
+        checked = {MODEL_CHANGES[k]: flags.BY_NAME[k].check(k, v) for k, v in changes.items()}
+        if "model" in checked and not checked["model"]:
+            raise FatalError("model must be a model's name")
+        return dataclasses.replace(model, **checked)
+
+    def _record(self, outcome: SampleOutcome, task: SampleTask | None) -> dict | None:
+        """The feed's: the outcome's line written (a run directory's), the record handed back redacted as written."""
+        if self._records is not None:
+            self._records.record(outcome, task)
+        if outcome.record is None:
+            return None
+        record = outcome.record if outcome.status == "done" else dict(outcome.record, discard_reason=outcome.error)
+        return self._handed_back(record)
+
+    def _handed_back(self, record: dict) -> dict:
+        if not self._redact:
+            return record
+        text = json.dumps(record, ensure_ascii=False)
+        redacted = self._redact(text)
+        return record if redacted == text else json.loads(redacted)
+
+    def _require_open(self) -> tuple[Feed, ModelSettings]:
+        if self._feed is None or self._model is None:
+            raise RuntimeError("Rollouts is not open: use it as `with Rollouts(...) as rollouts:`")
+        return self._feed, self._model
+
+
+def _samples(value: Any) -> int:
+    """A call's samples_per_prompt, checked as the flag is."""
+    return flags.BY_NAME["samples_per_prompt"].check("samples_per_prompt", value)
