@@ -58,9 +58,30 @@ def _fatal(message: str, verbose: bool) -> None:
     sys.exit(2)
 
 
+def serve(argv: list[str]) -> None:
+    """`batch_runner.py serve --port=P [the run's flags]`: rollouts over HTTP (docs/rollouts.md)."""
+    values = command_line.keyword_values(argv)
+    verbose = flags.verbose(values or {})
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    if values is None:
+        _fatal("serve takes --flag=value arguments only (the run's flags, --host, --port)", verbose)
+    # SIGTERM stops it as Ctrl-C does: every sandbox removed, a run directory's session ended.
+    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
+    try:
+        from agentbatch import rollout_server
+
+        code = rollout_server.serve(values)
+    except FatalError as e:
+        _fatal(str(e), verbose)
+    sys.exit(code)
+
+
 def cli() -> None:
     """Entry point of `python batch_runner.py` and the `batch-runner` console script."""
     argv = sys.argv[1:]
+    if argv[:1] == ["serve"]:
+        serve(argv[1:])
+        return
     try:
         values = command_line.keyword_values(argv)
         if values is not None:  # the usual command line: read without importing Fire (command_line.py)

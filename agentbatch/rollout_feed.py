@@ -120,7 +120,9 @@ class Feed:
         if not groups:
             call.deliver(END)
         for _, group, _, tasks in groups:
-            if not tasks:  # every sample recorded before (a resumed run)
+            if not tasks:  # every sample recorded before (a resumed run): open until read, as any
+                with self._lock:
+                    call.open += 1
                 call.finish(group)
         self.executor.wake()
 
@@ -177,8 +179,8 @@ class Feed:
     def _admit(self) -> bool:
         """Whether a sample can be handed out now: one of a started group, else the first of a call's next group."""
         with self._lock:
-            while self._ready and self._groups.get(self._ready[0].index, (None,))[0] is None:
-                self._ready.popleft()  # its call was cancelled
+            while self._ready and self._cancelled(self._ready[0]):
+                self._ready.popleft()
             if self._ready:
                 return True
             for call in self._calls:  # the oldest call first: its groups are awaited longest
@@ -189,6 +191,10 @@ class Feed:
                     self._ready.extend(tasks)
                     return True
             return False
+
+    def _cancelled(self, task: SampleTask) -> bool:
+        found = self._groups.get(task.index)
+        return found is None or found[0].cancelled
 
     def _arrived(self, outcome: SampleOutcome) -> None:
         with self._lock:

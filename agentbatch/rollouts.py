@@ -17,7 +17,8 @@ import asyncio
 import dataclasses
 import json
 import queue
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from agentbatch import flags, rollout_tasks, settings
@@ -41,6 +42,59 @@ class RolloutsError(RuntimeError):
     """The rollouts cannot go on (a run directory's write failed, the workers broke); what was recorded stays."""
 
 
+class Groups:
+    """A call's groups as they finish: iterate it, or `next_within(seconds)`; `close()` cancels what is left."""
+
+    def __init__(self, feed: Feed):
+        self.feed = feed
+        self.items: queue.SimpleQueue = queue.SimpleQueue()
+        self.call: Call | None = None
+
+    def __iter__(self) -> Groups:
+        return self
+
+    def __next__(self) -> Group:
+        group = self.next_within(None)
+        assert group is not None
+        return group
+
+    def next_within(self, seconds: float | None) -> Group | None:
+        """The next group to finish, None if none did within `seconds`; StopIteration after the last."""
+        try:
+            item = self.items.get(timeout=seconds)
+        except queue.Empty:
+            return None
+        if item is END:
+            raise StopIteration
+        return _taken(self.call, item, self.feed)
+
+    @property
+    def failed(self) -> int:
+        """Samples of this call that failed so far."""
+        return self.call.failed if self.call else 0
+
+    def close(self) -> None:
+        """Cancel the samples not yet handed back: not started ones never start, running ones end soon."""
+        if self.call is not None and self.call.left and not self.call.cancelled:
+            self.feed.cancel(self.call)
+
+    def __enter__(self) -> Groups:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _taken(call: Call | None, item: object, feed: Feed) -> Group:
+    if isinstance(item, BaseException):
+        raise RolloutsError(f"the rollouts stopped: {type(item).__name__}: {item}") from item
+    feed.taken(call)
+    return item  # type: ignore[return-value]
+
+
 class Rollouts:
     """What a run starts once, kept open for many calls of `run` / `arun` (module docstring)."""
 
@@ -51,6 +105,7 @@ class Rollouts:
         self._records: RunRecords | None = None
         self._model: ModelSettings | None = None
         self._redact = Redactor()
+        self._lock = threading.Lock()
 
     def __enter__(self) -> Rollouts:
         runtime = self._runtime = Runtime(self.settings)
@@ -92,18 +147,13 @@ class Rollouts:
         """Point the next samples at another `model`, `base_url` or `policy_version`, workers and sandboxes kept."""
         self._model = self._model_with(changes)
 
-    def run(self, tasks: Iterable[Any], samples_per_prompt: int | None = None, **changes: Any) -> Iterator[Group]:
+    def run(self, tasks: Iterable[Any], samples_per_prompt: int | None = None, **changes: Any) -> Groups:
         """A group per task as soon as all its samples finished (finishing order; `index`: its position). Changes of
-        `model`, `base_url`, `policy_version` apply to this call only. Stopping early cancels the rest."""
-        items: queue.SimpleQueue = queue.SimpleQueue()
-        call = self._start(tasks, samples_per_prompt, changes, items.put)
-        feed = self._require_open()[0]
-        try:
-            while (item := items.get()) is not END:
-                yield self._taken(call, item, feed)
-        finally:
-            if call.left:
-                feed.cancel(call)
+        `model`, `base_url`, `policy_version` apply to this call only. The tasks are checked now (FatalError naming
+        the first bad one); stopping early (`close`, or leaving a for loop over it) cancels the rest."""
+        groups = Groups(self._require_open()[0])
+        groups.call = self._start(tasks, samples_per_prompt, changes, groups.items.put)
+        return groups
 
     async def arun(
         self, tasks: Iterable[Any], samples_per_prompt: int | None = None, **changes: Any
@@ -122,16 +172,10 @@ class Rollouts:
         feed = self._require_open()[0]
         try:
             while (item := await items.get()) is not END:
-                yield self._taken(call, item, feed)
+                yield _taken(call, item, feed)
         finally:
             if call.left:
                 feed.cancel(call)
-
-    def _taken(self, call: Call, item: object, feed: Feed) -> Group:
-        if isinstance(item, BaseException):
-            raise RolloutsError(f"the rollouts stopped: {type(item).__name__}: {item}") from item
-        feed.taken(call)
-        return item  # type: ignore[return-value]
 
     def _start(self, tasks: Iterable[Any], samples: int | None, changes: dict, deliver: Callable) -> Call:
         """The call's tasks checked and prepared, its samples submitted (those a resumed run has taken from it)."""
@@ -142,7 +186,15 @@ class Rollouts:
         tasks = list(tasks)
         entries = rollout_tasks.prepare(rollout_tasks.entries_of(tasks), runtime)
         window = max(2, -(-2 * runtime.plan.slots // n))  # groups open at once: every slot kept busy, no more
+        with self._lock:  # calls from several threads (the server's requests) number their tasks in turn
+            groups = self._groups(tasks, entries, n, model)
         call = Call(window, deliver)
+        feed.submit(call, groups)
+        return call
+
+    def _groups(self, tasks: list, entries: list, n: int, model: ModelSettings) -> list:
+        """Each task's group: its number, its samples recorded before (a resumed run) and those to run."""
+        feed, runtime = self._require_open()[0], self._runtime
         if self._records is not None:
             self._records.given(entries)
         groups = []
@@ -158,8 +210,7 @@ class Rollouts:
                 batch = self._records.next_batch() if self._records else 0
                 to_run.append(dataclasses.replace(sample_task(entry, number, s, batch, toolsets), model=model))
             groups.append((number, group, n, to_run))
-        feed.submit(call, groups)
-        return call
+        return groups
 
     def _model_with(self, changes: dict) -> ModelSettings:
         """The model settings with these changes, each checked by its flag; FatalError naming a bad one."""

@@ -201,6 +201,14 @@ class OutputFlags:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ServeFlags:
+    """`batch_runner.py serve` (docs/rollouts.md): where it listens."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """Every flag's checked value, by concern (each group's fields are the flags that name it in flags.FLAGS)."""
 
@@ -213,6 +221,7 @@ class Settings:
     budget: BudgetFlags
     scale: ScaleFlags
     output: OutputFlags
+    serve: ServeFlags
     given: frozenset[str] = frozenset()  # the flags given (on the command line, or as keywords), not defaulted
 
     def timeout_bounds(self) -> TimeoutBounds:
