@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentbatch import flag_checks as check
+import agentbatch.flag_checks as check
 from agentbatch.errors import FatalError
 from agentbatch.export import check_formats
 from agentbatch.model import numbers

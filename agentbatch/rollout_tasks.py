@@ -12,7 +12,9 @@ import os
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agentbatch import dataset_formats, dataset_jsonl, dataset_steps
+import agentbatch.dataset_formats as dataset_formats
+import agentbatch.dataset_jsonl as dataset_jsonl
+import agentbatch.dataset_steps as dataset_steps
 from agentbatch.dataset import DatasetError, Entry
 from agentbatch.dataset_formats import DatasetFormat
 from agentbatch.errors import FatalError

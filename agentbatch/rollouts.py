@@ -21,7 +21,9 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-from agentbatch import flags, rollout_tasks, settings
+import agentbatch.flags as flags
+import agentbatch.rollout_tasks as rollout_tasks
+import agentbatch.settings as settings
 from agentbatch.errors import FatalError
 from agentbatch.model.client import ModelSettings
 from agentbatch.rollout_feed import END, Call, Feed, Group, Sample

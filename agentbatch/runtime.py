@@ -21,8 +21,11 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any
 
-from agentbatch import flag_checks as check
-from agentbatch import plugins, process_guard, run_tools, secrets_guard
+import agentbatch.flag_checks as check
+import agentbatch.plugins as plugins
+import agentbatch.process_guard as process_guard
+import agentbatch.run_tools as run_tools
+import agentbatch.secrets_guard as secrets_guard
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
 from agentbatch.executors.base import Executor

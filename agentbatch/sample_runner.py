@@ -8,7 +8,7 @@ import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from agentbatch import verification
+import agentbatch.verification as verification
 from agentbatch.agent_loop import run_agent
 from agentbatch.limits import CANCELLED, SampleLimits
 from agentbatch.model import registry as models
@@ -115,27 +115,7 @@ def run_sample(
             check = verification.run_check(
                 ctx, task.verify, task.answers, verification.last_message(result.messages), check_timeout
             )
-        record = build_record(
-            prompt_index=task.index,
-            messages=result.messages,
-            batch_num=task.batch_num,
-            timestamp=now_iso(),
-            model=cfg.model.model,
-            completed=result.completed,
-            partial=result.partial,
-            stop_reason=result.stop_reason,
-            api_calls=result.api_calls,
-            toolsets=task.toolsets,
-            usage=usage.as_dict(),
-            tool_schemas=result.tool_schemas,
-            sample_index=task.sample_index,
-            outcome=check.fields(),
-            identity=task.identity,
-            tool_names=cfg.tool_set.names,
-            task=task.metadata,
-            duration_seconds=time.monotonic() - start,
-            policy_version=cfg.model.policy_version,
-        )
+        record = _record(task, cfg, result, usage, check.fields(), time.monotonic() - start)
         outcome.record = record
         if cfg.require_reasoning and not any(
             has_think_block(t["value"]) for t in record["conversations"] if t["from"] == "gpt"
@@ -157,3 +137,28 @@ def run_sample(
         outcome.usage = usage.as_dict()
         outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def _record(task: SampleTask, cfg: RunConfig, result, usage: Usage, outcome: dict, seconds: float) -> dict:
+    """The sample's trajectory line (trajectory.build_record)."""
+    return build_record(
+        prompt_index=task.index,
+        messages=result.messages,
+        batch_num=task.batch_num,
+        timestamp=now_iso(),
+        model=cfg.model.model,
+        completed=result.completed,
+        partial=result.partial,
+        stop_reason=result.stop_reason,
+        api_calls=result.api_calls,
+        toolsets=task.toolsets,
+        usage=usage.as_dict(),
+        tool_schemas=result.tool_schemas,
+        sample_index=task.sample_index,
+        outcome=outcome,
+        identity=task.identity,
+        tool_names=cfg.tool_set.names,
+        task=task.metadata,
+        duration_seconds=seconds,
+        policy_version=cfg.model.policy_version,
+    )

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from agentbatch import flags, plugins
+import agentbatch.flags as flags
+import agentbatch.plugins as plugins
 from agentbatch.errors import FatalError
 from agentbatch.limits import PromptLimits, TimeoutBounds
 from agentbatch.model import registry as models

@@ -24,7 +24,9 @@ import threading
 from collections.abc import Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 
-from agentbatch import plugins, process_guard, run_tools
+import agentbatch.plugins as plugins
+import agentbatch.process_guard as process_guard
+import agentbatch.run_tools as run_tools
 from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.sample_runner import WorkerClients
 from agentbatch.tools.registry import load_tools

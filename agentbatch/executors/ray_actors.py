@@ -28,7 +28,9 @@ from collections.abc import Iterable, Iterator
 import ray
 from ray.exceptions import RayActorError, RayError
 
-from agentbatch import plugins, process_guard, run_tools
+import agentbatch.plugins as plugins
+import agentbatch.process_guard as process_guard
+import agentbatch.run_tools as run_tools
 from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.sample_runner import WorkerClients
 from agentbatch.work import RunConfig, SampleOutcome, SampleTask
