@@ -57,7 +57,8 @@ class Group:
     samples: list[Sample] = field(default_factory=list)
 
 
-END = object()  # what a call's consumer gets after its last group
+END = object()
+CLOSE_GRACE_SECONDS = 10.0  # what a call's consumer gets after its last group
 
 
 class Call:
@@ -151,7 +152,11 @@ class Feed:
             self.cancel(call)
         self._stop.set()
         self.executor.wake()
-        self._thread.join()
+        # A cancelled sample ends at its next model call or tool: one waiting on a slow reply is not awaited.
+        self._thread.join(timeout=CLOSE_GRACE_SECONDS)
+        if self._thread.is_alive():
+            self.executor.kill()  # as a second Ctrl-C: the workers still holding samples die, sandboxes reaped
+            self._thread.join()
 
     def _drop(self, call: Call) -> None:
         self._calls = [c for c in self._calls if c is not call]

@@ -14,6 +14,7 @@ them all. With `run_name` every sample is recorded in data/<run_name>/ as a CLI 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import queue
@@ -29,6 +30,8 @@ from agentbatch.model.client import ModelSettings
 from agentbatch.rollout_feed import END, Call, Feed, Group, Sample
 from agentbatch.rollout_run import RunRecords
 from agentbatch.runtime import Runtime
+from agentbatch.sandboxes import registry as sandbox_backends
+from agentbatch.sandboxes.base import RUN_DIR_LABEL
 from agentbatch.secrets_guard import Redactor
 from agentbatch.session import sample_task
 from agentbatch.work import SampleOutcome, SampleTask
@@ -133,7 +136,9 @@ class Rollouts:
             if self._feed is not None:
                 self._feed.close()
             if self._records is not None:
-                self._records.close(state)
+                self._records.close(state)  # its session's end reaps what the run's workers left
+            elif self._runtime is not None and hasattr(self._runtime, "cfg"):
+                reap(self._runtime)
         finally:
             self._feed = self._records = None
             if self._runtime is not None:
@@ -245,6 +250,14 @@ class Rollouts:
         if self._feed is None or self._model is None:
             raise RuntimeError("Rollouts is not open: use it as `with Rollouts(...) as rollouts:`")
         return self._feed, self._model
+
+
+def reap(runtime: Runtime) -> None:
+    """The sandboxes a killed worker left (a close that could not wait), when no session's end reaps them."""
+    labels = {RUN_DIR_LABEL: runtime.cfg.sandbox_labels[RUN_DIR_LABEL]}
+    for kind in runtime.cfg.sandbox.kinds(images=True):
+        with contextlib.suppress(Exception):  # no engine: nothing of it to reap
+            sandbox_backends.get(kind).reap(labels)
 
 
 def _samples(value: Any) -> int:

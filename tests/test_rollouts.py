@@ -212,3 +212,19 @@ def test_a_killed_api_run_directory_resumes_with_every_sample_recorded_once(tmp_
     assert len(keys) == len(set(keys)) == 12  # every sample once
     assert 4 <= recorded < 12
     assert asked_again == 12 - recorded  # only the samples the kill left unrecorded ran again
+
+
+def test_leaving_does_not_wait_for_a_reply_that_never_comes_and_leaves_no_sandbox(tmp_path, monkeypatch):
+    """A sample waiting on a reply of 120 s when the caller leaves: its worker is killed after the grace, and the
+    sandbox it had made is removed (no run directory here: the Rollouts reap their own)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    tool = {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo hi"}}], "reasoning": "r"}
+    with ScriptedServer(default_script=[tool, thinking("late", latency=120.0)]) as srv:
+        started = time.monotonic()
+        with Rollouts(**flags(srv, concurrency=1)) as rollouts:
+            groups = rollouts.run([{"prompt": "p"}])
+            assert groups.next_within(3.0) is None  # it ran its command and waits on the slow reply
+            assert [n for n in tmp_path.iterdir() if n.name.startswith("br-sandbox-")]
+        assert time.monotonic() - started < 60  # not the 120 s of the reply
+    assert [n.name for n in tmp_path.iterdir() if n.name.startswith("br-sandbox-")] == []

@@ -29,6 +29,9 @@ class Executor(Protocol):
     def cancel(self, keys: Iterable[tuple[int, int]]) -> None:
         """End the samples of these keys in flight at their next model call or tool; their outcomes still come."""
 
+    def kill(self) -> None:
+        """From another thread than run's: the workers holding samples die now, their samples failed."""
+
     def close(self) -> None:
         """Stop at once (a second Ctrl-C, a write failure): workers holding prompts are killed, not awaited."""
 

@@ -229,6 +229,13 @@ class LocalExecutor:
         for i, held_keys in by_worker.items():
             self.workers[i].send(Cancel(tuple(held_keys)))
 
+    def kill(self) -> None:
+        """Kill the workers holding samples now (from any thread): the running loop fails exactly those samples."""
+        slots = self._slots
+        for i, w in enumerate(list(self.workers)):
+            if slots is None or slots.held[i]:
+                w.process.kill()
+
     def _parent_ends(self) -> list[Connection]:
         return [self._woken, self._waker, *(c for w in self.workers for c in (w.tasks, w.results))]
 

@@ -80,6 +80,9 @@ class RayExecutor:
     def cancel(self, keys) -> None:
         """Not on Ray: a cancelled sample's outcome comes back when it ends as it would have."""
 
+    def kill(self) -> None:
+        """On Ray the actors are killed when the run's loop ends (close)."""
+
     def close(self) -> None:
         if self._running is not None:
             self._running.close()  # its finally kills the actors
