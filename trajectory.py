@@ -217,6 +217,8 @@ def build_record(
     tool_names: Iterable[str] = ALL_TOOL_NAMES,
     task: dict | None = None,
     duration_seconds: float | None = None,
+    token_ids: bool = False,
+    tokens: dict | None = None,
     policy_version: str | None = None,
 ) -> dict:
     """One trajectory line; every line of a run has the same keys and nested shape, so `datasets` loads any mix.
@@ -225,6 +227,7 @@ def build_record(
     row's (dataset.task_identity), which the runner always gives; `tool_names` are the run's tools, each with
     its entry in `tool_stats` and `tool_error_counts`; `task` is a Harbor task's name, difficulty, category
     and tags; `duration_seconds` how long the sample ran, from its sandbox's check to its own check's end;
+    `tokens` the sample's token ids (agentbatch.sample_tokens), on every line of a --token_ids run (`token_ids`);
     `policy_version` the label of the policy its model calls used (--policy_version), absent without one.
     """
     conversations = to_conversations(messages)
@@ -252,6 +255,7 @@ def build_record(
         },
         **({"duration_seconds": round(float(duration_seconds), 3)} if duration_seconds is not None else {}),
         "tools": _schemas_text(tool_schemas),
+        **({"tokens": tokens} if token_ids else {}),
     }
 
 
@@ -286,6 +290,8 @@ VALUE_KINDS: dict[str, bytes] = {
     "rewards": b'"rewards": ',
     "task": b'"task": {"name": ',
     "duration": b'"duration_seconds": ',
+    "tokens": b'"tokens": {"source": ',
+    "token_drift": b'"drift": [',
     "policy_version": b'"policy_version": "',
 }
 
@@ -294,6 +300,7 @@ def shown_kinds(record: dict) -> set[str]:
     """The VALUE_KINDS a trajectory line shows a value for."""
     turns = record.get("conversations") or []
     check = record.get("check") if isinstance(record.get("check"), dict) else None
+    tokens = record.get("tokens")
     shown = {
         "tool_calls": any(isinstance(t, dict) and t.get("tool_calls") for t in turns),
         "logprobs": any(isinstance(t, dict) and t.get("logprobs") for t in turns),
@@ -305,7 +312,11 @@ def shown_kinds(record: dict) -> set[str]:
         "rewards": check is not None and check.get("rewards") is not None,
         "task": isinstance(record.get("task"), dict) and record["task"].get("name") is not None,
         "duration": isinstance(record.get("duration_seconds"), int | float),
-        "policy_version": isinstance(record.get("policy_version"), str),
+        "tokens": isinstance(tokens, dict),
+        "token_drift": isinstance(tokens, dict) and bool(tokens.get("drift")),
+        "policy_version": isinstance(record.get("policy_version"), str)
+        or isinstance(tokens, dict)
+        and any(isinstance(c, dict) and c.get("policy_version") is not None for c in tokens.get("calls") or []),
     }
     return {kind for kind, yes in shown.items() if yes}
 

@@ -10,6 +10,7 @@ from agentbatch.limits import TIME_LIMIT_MESSAGE
 from agentbatch.model.base import ContextOverflow, DeadlineReached, Model
 from agentbatch.model.logprobs import token_logprobs
 from agentbatch.model.reasoning import split_reasoning
+from agentbatch.sample_tokens import TokenRecorder
 from agentbatch.tools.context import ToolContext
 from agentbatch.tools.registry import Tool, call_tool
 
@@ -42,10 +43,12 @@ def run_agent(
     system_prompt: str | None = None,
     prefill: list[dict] | None = None,
     logprobs: bool = False,
+    recorder: TokenRecorder | None = None,
 ) -> AgentResult:
     """Run one prompt; model errors that outlast the retries propagate (the prompt fails).
 
-    With `logprobs`, each saved assistant message keeps the reply's token log probabilities (model.logprobs).
+    With `logprobs`, each saved assistant message keeps the reply's token log probabilities (model.logprobs);
+    a `recorder` (--token_ids) is given every kept call: what was sent, the reply, the message saved from it.
     """
     by_name = {t.name: t for t in tools}
     schemas = [t.schema() for t in tools]
@@ -61,7 +64,8 @@ def run_agent(
             return result
         result.api_calls += 1
         try:
-            response = client.chat(prefix + [_for_api(m) for m in saved], schemas, deadline=ctx.limits.deadline)
+            sent = prefix + [_for_api(m) for m in saved]
+            response = client.chat(sent, schemas, deadline=ctx.limits.deadline)
         except ContextOverflow:
             result.partial, result.stop_reason = True, "context"
             return result
@@ -95,6 +99,8 @@ def run_agent(
                 for cid, name, args in calls
             ]
         saved.append(assistant)
+        if recorder is not None:
+            recorder.add(sent, schemas, response, assistant)
         if cut:
             # The reply was cut off; its tool calls may be truncated, so none are run or saved
             # (a saved call without a result would count as a failed tool call).

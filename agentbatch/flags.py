@@ -325,13 +325,6 @@ FLAGS: tuple[Flag, ...] = (
         check.boolean,
         group="model",
     ),
-    _t(
-        "policy_version",
-        None,
-        "a label of the policy the model serves, recorded on every sample it samples (docs/rollouts.md)",
-        check.label,
-        group="model",
-    ),
     _t("ephemeral_system_prompt", None, "system prompt sent with every call, never saved", group="model"),
     Flag("log_prefix_chars", 100, "length of prompt previews in --verbose logs", _int(0, 1_000_000), group="run"),
     _t(
@@ -377,6 +370,30 @@ FLAGS: tuple[Flag, ...] = (
         False,
         "ask for token log probabilities and store them with each assistant turn",
         check.boolean,
+        group="model",
+    ),
+    Flag(
+        "token_ids",
+        False,
+        "ask every model call for the token ids it saw and sampled and record the sample's `tokens` "
+        "(ids, mask, logprobs: docs/output.md); where the endpoint sends none they are retokenized",
+        check.boolean,
+        group="model",
+    ),
+    _t(
+        "tokenizer",
+        None,
+        "with --token_ids, the Hugging Face tokenizer (name or directory) whose chat template retokenizes the calls "
+        "of an endpoint that sends no ids",
+        shown="the model's name",
+        group="model",
+    ),
+    _t(
+        "policy_version",
+        None,
+        "a label of the policy the model serves, recorded on every sample (its line's `policy_version`) and on "
+        "every model call of its `tokens` (docs/rollouts.md)",
+        check.label,
         group="model",
     ),
     Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int, group="run"),
@@ -473,7 +490,7 @@ FLAGS: tuple[Flag, ...] = (
         "export",
         None,
         "write the run in these formats to <output_dir>/<run_name>/export/<format>/: openai, llama_factory, hermes, "
-        "atif, parquet, inspect (comma-separated); with --run_name alone it exports that run and exits, with "
+        "atif, parquet, inspect, tokens (comma-separated); with --run_name alone it exports that run and exits, with "
         "--dataset_file at the end of every session",
         lambda n, v: check_formats(n, check.name_list(n, v)),
         kind=str,

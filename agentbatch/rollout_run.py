@@ -13,6 +13,7 @@ tasks and label gets the samples that step recorded back, and runs only the othe
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict, deque
 from contextlib import ExitStack
 
@@ -67,6 +68,9 @@ class RunRecords:
             self.session.begin()
             if self.session.s.resume:
                 self._read_earlier()
+            found = sum(len(lines) for lines in self._earlier.values())
+            again = f", {found} recorded lines to hand back" if found else ""
+            print(f"rollouts recorded in {self.session.files.dir}{again}", file=sys.stderr)
         except BaseException:
             self._stack.close()
             raise

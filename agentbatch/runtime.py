@@ -216,8 +216,21 @@ def model_settings(s: Settings, model: str, base_url: str, key: str, workers: in
         workers=workers,
         pacing_dir=pacing_dir,
         logprobs=m.logprobs,
+        token_ids=m.token_ids,
+        tokenizer=m.tokenizer or default_tokenizer(s, model),
         policy_version=m.policy_version,
     )
+
+
+def default_tokenizer(s: Settings, model: str) -> str | None:
+    """Whose chat template retokenizes calls sent without ids: the model's name, the embedded model's GGUF file."""
+    if not s.model.token_ids:
+        return None
+    if s.model.local:
+        from agentbatch.model import local_server
+
+        return local_server.resolve_model(s.model.local_model_path)
+    return model
 
 
 def run_config(

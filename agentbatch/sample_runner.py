@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 import traceback
@@ -15,6 +16,7 @@ from agentbatch.model import registry as models
 from agentbatch.model.base import Model, ModelCallError
 from agentbatch.model.client import ModelClient
 from agentbatch.model.usage import Usage
+from agentbatch.sample_tokens import TokenRecorder
 from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import SandboxError, SandboxSpec
 from agentbatch.secrets_guard import Redactor
@@ -39,6 +41,18 @@ class Clients:
         if images is None:
             return cls(chat, chat)
         return cls(chat, ModelClient(replace(cfg.model, base_url=images[0], api_key=images[1])))
+
+    def for_sample(self) -> Clients:
+        """The models as one sample sees them: its session headers on every HTTP call (client.session_headers)."""
+        session_id = new_session_id()
+        return Clients(
+            *(m.for_session(session_id) if isinstance(m, ModelClient) else m for m in (self.chat, self.images))
+        )
+
+
+def new_session_id() -> str:
+    """One sample's session id: stable across its calls, another for every sample (and for every attempt)."""
+    return f"br-{secrets.token_hex(8)}"
 
 
 class WorkerClients:
@@ -79,6 +93,8 @@ def run_sample(
     usage = Usage(prices=cfg.prices)
     outcome = SampleOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
     ctx = None
+    clients = clients.for_sample()
+    recorder = TokenRecorder(cfg.model.tokenizer, cfg.model.policy_version) if cfg.model.token_ids else None
     try:
         spec = SandboxSpec(
             cfg.sandbox,
@@ -103,7 +119,15 @@ def run_sample(
         before = task.hooks.before_agent(hooked) if task.hooks is not None else None
         tools = offered_tools(task.toolsets, cfg.tools)
         result = run_agent(
-            task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, cfg.prefill, cfg.model.logprobs
+            task.prompt,
+            clients.chat,
+            tools,
+            ctx,
+            cfg.max_turns,
+            cfg.system_prompt,
+            cfg.prefill,
+            cfg.model.logprobs,
+            recorder,
         )
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
@@ -115,7 +139,7 @@ def run_sample(
             check = verification.run_check(
                 ctx, task.verify, task.answers, verification.last_message(result.messages), check_timeout
             )
-        record = _record(task, cfg, result, usage, check.fields(), time.monotonic() - start)
+        record = _record(task, cfg, result, usage, check.fields(), time.monotonic() - start, recorder)
         outcome.record = record
         if cfg.require_reasoning and not any(
             has_think_block(t["value"]) for t in record["conversations"] if t["from"] == "gpt"
@@ -139,7 +163,15 @@ def run_sample(
     return outcome
 
 
-def _record(task: SampleTask, cfg: RunConfig, result, usage: Usage, outcome: dict, seconds: float) -> dict:
+def _record(
+    task: SampleTask,
+    cfg: RunConfig,
+    result,
+    usage: Usage,
+    outcome: dict,
+    seconds: float,
+    recorder: TokenRecorder | None,
+) -> dict:
     """The sample's trajectory line (trajectory.build_record)."""
     return build_record(
         prompt_index=task.index,
@@ -160,5 +192,7 @@ def _record(task: SampleTask, cfg: RunConfig, result, usage: Usage, outcome: dic
         tool_names=cfg.tool_set.names,
         task=task.metadata,
         duration_seconds=seconds,
+        token_ids=recorder is not None,
+        tokens=recorder.tokens() if recorder is not None else None,
         policy_version=cfg.model.policy_version,
     )

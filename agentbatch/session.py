@@ -220,7 +220,11 @@ class Session:
             print(s.sandbox_note, file=sys.stderr)
         samples, total = s.samples_per_prompt, len(s.entries) * s.samples_per_prompt
         what = f"{len(s.entries)} prompts × {samples} samples" if samples > 1 else f"{total} prompts"
-        print(f"{what}, {total - len(remaining)} already done, {len(remaining)} to run -> {paths.dir}", file=sys.stderr)
+        if s.entries:  # a caller's rollouts give their tasks later: rollout_run.py says where they go
+            print(
+                f"{what}, {total - len(remaining)} already done, {len(remaining)} to run -> {paths.dir}",
+                file=sys.stderr,
+            )
         if s.budget.active:
             self.budget = Budget(s.budget, reader.spend())
             if remaining and not self.budget.may_start(0):  # already spent: no workers to start

@@ -68,6 +68,8 @@ class ModelFlags:
     reasoning_effort: str | None
     reasoning_disabled: bool
     logprobs: bool
+    token_ids: bool
+    tokenizer: str | None
     policy_version: str | None  # a label of the policy served (a training step's), recorded on every sample
     ephemeral_system_prompt: str | None
     prefill_messages: list[dict]  # --prefill_messages_file's messages, read and checked

@@ -16,6 +16,7 @@ from scripted_replies import (
     MALFORMED_BODY,
     MODEL_ID,
     PNG_BYTES,
+    add_token_ids,
     build_logprobs,
     build_message,
     error_body,
@@ -239,7 +240,7 @@ class Handler(BaseHTTPRequestHandler):
     def _chat(self, body: dict):
         """Answer a chat completion from the script, applying faults and latency."""
         owner = self.server.owner
-        owner._record_chat(body)
+        owner._record_chat(body, {k.lower(): v for k, v in self.headers.items()})
         prompt = prompt_of(body)
         messages = body.get("messages") or []
         turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
@@ -276,17 +277,18 @@ class Handler(BaseHTTPRequestHandler):
                 choice["logprobs"], token_ids = build_logprobs(spec, msg.get("content"))
                 if token_ids is not None:
                     choice["token_ids"] = token_ids
-            reply = json.dumps(
-                {
-                    "id": f"chatcmpl-scripted-{next(owner._completion_ids)}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body.get("model") or MODEL_ID,
-                    "choices": [choice],
-                    "usage": spec.get("usage") or dict(DEFAULT_USAGE),
-                    "system_fingerprint": None,
-                }
-            ).encode()
+            built = {
+                "id": f"chatcmpl-scripted-{next(owner._completion_ids)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model") or MODEL_ID,
+                "choices": [choice],
+                "usage": spec.get("usage") or dict(DEFAULT_USAGE),
+                "system_fingerprint": None,
+            }
+            if body.get("return_token_ids"):
+                add_token_ids(built, body, spec)
+            reply = json.dumps(built).encode()
         if "trickle_seconds" in spec:
             return self._send_trickle(reply, float(spec["trickle_seconds"]))
         self._send_raw(200, reply, "application/json", limit_headers)

@@ -118,3 +118,73 @@ def build_logprobs(spec: dict, content: str | None) -> tuple[dict | None, list |
     if ids is True:
         ids = [1000 + i for i in range(len(entries))]
     return ({"content": entries, "refusal": None} if wanted else None), ids
+
+
+# -- token ids (`return_token_ids`), in a toy ChatML of one id per character ------------------------------
+
+IM_START, IM_END = 1, 2
+TOKEN_SHAPES = ("vllm", "sglang", "sglext", "llama-server", "none")
+
+
+def encode(text: str) -> list[int]:
+    """The toy tokenizer: one id per character (3 + its code point); special tokens are 1 and 2."""
+    return [3 + ord(ch) for ch in text]
+
+
+def turn_text(message: dict) -> str:
+    """What a message renders as: its content, then each tool call as <tool_call>{name, arguments}</tool_call>."""
+    text = _text_of(message.get("content"))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        text += "<tool_call>" + json.dumps({"name": function.get("name"), "arguments": function.get("arguments")})
+        text += "</tool_call>"
+    return text
+
+
+def render_prompt(messages: list, drift: bool = False) -> list[int]:
+    """The prompt's ids: each message as <|im_start|>role\\ntext<|im_end|>\\n, then <|im_start|>assistant\\n.
+
+    `drift`: earlier assistant turns are rendered with a leading space, as a template that normalises the
+    history would: the prompt then no longer begins with the earlier calls' prompt + completion.
+    """
+    ids: list[int] = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        text = turn_text(m)
+        if drift and m.get("role") == "assistant":
+            text = " " + text
+        ids += [IM_START, *encode(f"{m.get('role')}\n{text}"), IM_END, *encode("\n")]
+    return ids + [IM_START, *encode("assistant\n")]
+
+
+def completion_ids(message: dict) -> list[int]:
+    """The ids the toy model "sampled" for a reply: its text, then <|im_end|>."""
+    return [*encode(turn_text(message)), IM_END]
+
+
+def add_token_ids(reply: dict, body: dict, spec: dict) -> None:
+    """Add the ids to a built reply in the spec's `token_shape` (default vLLM's), as that server does.
+
+    With `logprobs: true` in the request, the choice's logprobs have one entry per completion id (-0.01 per
+    position, from -0.01), each with the id as llama-server gives it.
+    """
+    shape = spec.get("token_shape", "vllm")
+    if shape not in TOKEN_SHAPES:
+        raise ValueError(f"token_shape must be one of {TOKEN_SHAPES}")
+    choice = reply["choices"][0]
+    prompt = render_prompt(body.get("messages") or [], bool(spec.get("drift")))
+    completion = completion_ids(choice["message"])
+    if body.get("logprobs") or shape == "llama-server":
+        text = [chr(i - 3) if i > IM_END else "<|im_end|>" for i in completion]
+        entries = [
+            {"id": i, "token": t, "logprob": round(-0.01 * (n + 1), 4), "bytes": list(t.encode()), "top_logprobs": []}
+            for n, (i, t) in enumerate(zip(completion, text, strict=True))
+        ]
+        choice["logprobs"] = {"content": entries, "refusal": None}
+    if shape == "vllm":
+        reply["prompt_token_ids"], choice["token_ids"] = prompt, completion
+    elif shape == "sglang":
+        choice["prompt_token_ids"], choice["response_token_ids"] = prompt, completion
+    elif shape == "sglext":
+        reply["sglext"] = {"input_ids": prompt, "output_ids": [completion]}

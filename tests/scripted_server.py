@@ -39,6 +39,12 @@ Reply spec keys (all optional):
   ``[token, logprob]`` pairs, or true for one token per character of the
   content (logprob -0.01 x position). ``token_ids``: a list of ints, or true
   for 1000 + position, put on the choice as vLLM's ``return_token_ids`` does.
+* ``token_shape``: how a request with ``return_token_ids: true`` gets its ids:
+  "vllm" (default: top-level ``prompt_token_ids``, ``choices[0].token_ids``),
+  "sglang" (``choices[0].prompt_token_ids`` and ``response_token_ids``), "sglext"
+  (``sglext.input_ids``/``output_ids``), "llama-server" (only ``logprobs.content[].id``)
+  or "none". The ids are a toy ChatML, one id per character (scripted_replies.render_prompt);
+  ``drift: true`` renders the earlier assistant turns with a leading space.
 * ``fault``: "500"/"429"/"400"/any status digits, "context_length", "drop",
   "malformed" or "slow" (``slow_seconds``, default 30, then a normal reply).
   ``fault_times`` (default 1, -1 = always) is how many requests for this
@@ -135,6 +141,7 @@ class ScriptedServer:
         self._fault_rates: dict[str, float] = {}
         self.set_fault_rates(fault_rates or {})
         self._requests: list[dict] = []
+        self._request_headers: list[dict] = []
         self._image_requests: list[dict] = []
         self._fault_counts: dict[tuple[str, int], int] = {}
         self._completion_ids = itertools.count(1)
@@ -193,6 +200,11 @@ class ScriptedServer:
         with self._lock:
             return copy.deepcopy(self._requests)
 
+    def request_headers(self) -> list[dict]:
+        """The headers (lower-case names) of every chat request received so far, in the order of requests()."""
+        with self._lock:
+            return copy.deepcopy(self._request_headers)
+
     def image_requests(self) -> list[dict]:
         """Return a copy of every image generation request body received so far."""
         with self._lock:
@@ -230,9 +242,10 @@ class ScriptedServer:
         with self._lock:
             (self._conns.add if add else self._conns.discard)(conn)
 
-    def _record_chat(self, body: dict) -> None:
+    def _record_chat(self, body: dict, headers: dict | None = None) -> None:
         with self._lock:
             self._requests.append(body)
+            self._request_headers.append(headers or {})
 
     def _record_image(self, body: dict) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from cli_helpers import ROOT, RUN_TIMEOUT, RunDir, cli_env, thinking
+from scripted_replies import build_message, completion_ids
 from scripted_server import ScriptedServer
 
 from agentbatch import Rollouts
@@ -55,7 +56,7 @@ def test_a_training_loop_pulls_groups_computes_advantages_and_steps_its_policy(t
     with (
         ScriptedServer(default_script=[thinking("one")]) as first,
         ScriptedServer(default_script=[thinking("two")]) as second,
-        Rollouts(**flags(first), samples_per_prompt=4, policy_version="step-0", seed=1) as rollouts,
+        Rollouts(**flags(first), samples_per_prompt=4, policy_version="step-0", seed=1, token_ids=True) as rollouts,
     ):
         steps = []
         for step, srv in enumerate((first, second)):
@@ -71,6 +72,9 @@ def test_a_training_loop_pulls_groups_computes_advantages_and_steps_its_policy(t
                 assert {s.record["policy_version"] for s in group.samples} == {f"step-{step}"}
                 answers = {s.record["conversations"][-1]["value"].split("</think>")[-1].strip() for s in group.samples}
                 assert answers == {("one", "two")[step]}
+                sampled = completion_ids(build_message(thinking(("one", "two")[step]), 0)[0])
+                for s in group.samples:  # what the trainer would train on: exactly what the endpoint sampled
+                    assert [i for i, m in zip(s.tokens["ids"], s.tokens["mask"], strict=True) if m] == sampled
             steps.append(advantages)
         assert len(first.requests()) == len(second.requests()) == 12  # each step's samples at its own endpoint
     for advantages in steps:
@@ -80,18 +84,26 @@ def test_a_training_loop_pulls_groups_computes_advantages_and_steps_its_policy(t
     assert any(len(set(a)) > 1 for advantages in steps for a in advantages.values())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(FatalError, TypeError, KeyError, AssertionError),
-    reason="needs the tokens branch (--token_ids and each line's `tokens`); the lead removes this mark on merging it",
-)
 def test_a_training_loop_trains_on_exactly_the_tokens_the_endpoint_sampled():
-    script = {"p": [thinking("x", token_ids=[7, 8, 9], logprobs=True)]}
-    with ScriptedServer(script=script) as srv, Rollouts(**flags(srv), token_ids=True, logprobs=True) as rollouts:
-        (group,) = list(rollouts.run([{"prompt": "p"}]))
-        tokens = group.samples[0].tokens
-        assert tokens["source"] == "endpoint"
-        assert [i for i, m in zip(tokens["ids"], tokens["mask"], strict=True) if m] == [7, 8, 9]
+    """With --token_ids, a two-call sample's mask-1 ids are exactly the ids the endpoint sent as sampled, call
+    after call (the tool call's and the answer's, each with its end of turn), under the label in force."""
+    tool = {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo hi"}}], "reasoning": "r"}
+    answer = thinking("x")
+    with (
+        ScriptedServer(script={"p": [tool, answer]}) as srv,
+        Rollouts(**flags(srv), token_ids=True, logprobs=True, samples_per_prompt=2, policy_version="v1") as r,
+    ):
+        (group,) = list(r.run([{"prompt": "p"}]))
+        r.update(policy_version="v2")
+        (later,) = list(r.run([{"prompt": "p"}]))
+    sampled = completion_ids(build_message(tool, 0)[0]) + completion_ids(build_message(answer, 1)[0])
+    for s in group.samples + later.samples:
+        t = s.tokens
+        assert t["source"] == "endpoint" and not t["drift"]
+        assert [i for i, m in zip(t["ids"], t["mask"], strict=True) if m] == sampled
+        assert all(lp is not None for lp, m in zip(t["logprobs"], t["mask"], strict=True) if m)
+    assert {c["policy_version"] for s in group.samples for c in s.tokens["calls"]} == {"v1"}
+    assert {c["policy_version"] for s in later.samples for c in s.tokens["calls"]} == {"v2"}
 
 
 def test_asyncio_callers_get_the_same_groups():

@@ -15,6 +15,7 @@ FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
     "atif": ("atif_files", ("atif",)),
     "parquet": ("parquet_shards", ("pyarrow",)),
     "inspect": ("inspect_log", ("inspect_ai",)),
+    "tokens": ("token_rows", ("pyarrow",)),
 }
 
 

@@ -16,7 +16,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentbatch.model import transport
+from agentbatch.model import token_ids, transport
 from agentbatch.model.base import ContextOverflow, DeadlineReached, ModelCallError, Reply
 from agentbatch.model.pacing_peers import Peers
 from agentbatch.model.rate_limit import Pacer
@@ -57,7 +57,9 @@ class ModelSettings:
     pacing: bool = True  # False sends every call at once, as the runner did before (the benchmarks' baseline)
     pacing_dir: str | None = None  # where the workers tell each other an endpoint's rate limit (rate_limit.py)
     logprobs: bool = False
-    policy_version: str | None = None  # the label of the policy this endpoint serves, recorded on each sample
+    token_ids: bool = False  # ask every call of the main model for its token ids (model/token_ids.py)
+    tokenizer: str | None = None  # whose chat template retokenizes an endpoint's calls that come without ids
+    policy_version: str | None = None  # the label of the policy the endpoint serves, recorded on every call
 
     def extra_body(self, main: bool = True) -> dict:
         """OpenRouter's `provider` and (for the main model only) `reasoning` and `logprobs` fields, when asked for."""
@@ -84,6 +86,8 @@ class ModelSettings:
             return body
         if self.logprobs:
             body["logprobs"] = True
+        if self.token_ids:
+            body.update(token_ids.REQUEST_FIELDS)
         if self.reasoning_disabled:
             body["reasoning"] = {"effort": "none"}
         elif self.reasoning_effort:
@@ -124,19 +128,25 @@ class ModelClient:
         tools: list[dict] | None = None,
         model: str | None = None,
         deadline: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
         """One chat completion, by default of the run's model; another `model` (a tool's) gets no reasoning fields.
 
-        `deadline` (time.monotonic) is the prompt's time limit: the call is cut there (DeadlineReached).
+        `deadline` (time.monotonic) is the prompt's time limit: the call is cut there (DeadlineReached);
+        `headers` go with this request alone (a sample's session headers: `for_session`).
         """
         s = self.settings
         body: dict[str, Any] = {"model": model or s.model, "messages": messages}
         body.update(s.extra_body(main=model is None or model == s.model))
-        return self._call("/chat/completions", body, "choices", tools, _check_chat, deadline)
+        return self._call("/chat/completions", body, "choices", tools, _check_chat, deadline, headers)
 
-    def generate_image(self, request: dict, deadline: float | None = None) -> Reply:
+    def generate_image(self, request: dict, deadline: float | None = None, headers: dict | None = None) -> Reply:
         """One images/generations call (OpenAI's images API), cut at `deadline` as `chat`'s is."""
-        return self._call("/images/generations", request, "data", deadline=deadline)
+        return self._call("/images/generations", request, "data", deadline=deadline, headers=headers)
+
+    def for_session(self, session_id: str) -> SessionClient:
+        """This client with the session headers of one sample on every call (session_headers)."""
+        return SessionClient(self, session_headers(session_id))
 
     def _call(
         self,
@@ -146,6 +156,7 @@ class ModelClient:
         tools: list[dict] | None = None,
         check=None,
         deadline: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
         """POST with retries on 408, 409, 429, 5xx, timeouts, dropped connections and malformed replies."""
         s = self.settings
@@ -159,7 +170,7 @@ class ModelClient:
                 # Not the openai SDK: its request building (TypedDict walk of every message and tool schema,
                 # options, headers) was most of the runner's CPU per prompt, and importing it took ~0.5 s of
                 # every worker's start (bench/RESULTS.md).
-                return self._post(path, content, expected, check, deadline)
+                return self._post(path, content, expected, check, deadline, headers)
             except _Status as e:
                 if e.status_code == 400:
                     text = f"{e.code} {e.body_text}".lower()
@@ -180,7 +191,9 @@ class ModelClient:
             time.sleep(delay)
             attempt += 1
 
-    def _post(self, path: str, content: bytes, expected: str, check, deadline: float | None) -> Reply:
+    def _post(
+        self, path: str, content: bytes, expected: str, check, deadline: float | None, headers: dict | None = None
+    ) -> Reply:
         """POST the JSON body when the pacer says so; every failure becomes an _AttemptFailed the retry loop sorts.
 
         The whole call, connecting to the last byte, ends within --request_timeout and by the prompt's
@@ -194,16 +207,16 @@ class ModelClient:
             if ticket is not None:
                 self.pacer.release(ticket, 0, None)
             raise DeadlineReached("the prompt's time limit was reached before the model answered")
-        status, headers = 0, None
+        status, reply_headers = 0, None
         try:
-            r = self._connection().post(path, content, ends, MAX_REPLY_BYTES)
-            status, headers = r.status_code, r.headers
+            r = self._connection().post(path, content, ends, MAX_REPLY_BYTES, headers)
+            status, reply_headers = r.status_code, r.headers
         except transport.BadReply as e:  # too big, or a body its Content-Encoding cannot decode
             raise _AttemptFailed(f"malformed reply: {e}") from e
         except transport.TransportError as e:
             raise _AttemptFailed(str(e)) from e
         finally:
-            self.pacer.release(ticket, status, headers)
+            self.pacer.release(ticket, status, reply_headers)
         if r.status_code >= 400:
             raise _Status(r, self._redact)
         try:
@@ -255,6 +268,30 @@ class ModelClient:
         with self._lock:
             jitter = self._rng.uniform(0.75, 1.25)
         return min(self.settings.retry_base_delay * 2**attempt, self.settings.retry_max_delay) * jitter
+
+
+def session_headers(session_id: str) -> dict[str, str]:
+    """The headers that keep one sample's calls on one replica (its prefix cache), for the routers that read them.
+
+    `X-Session-ID`: vLLM, vLLM's router, LiteLLM (8+ characters of [A-Za-z0-9_-]), NVIDIA Dynamo;
+    `X-SMG-Routing-Key`: SGLang's router. Headers only: body fields such as `user` change what providers log.
+    """
+    return {"X-Session-ID": session_id, "X-SMG-Routing-Key": session_id}
+
+
+class SessionClient:
+    """A ModelClient seen by one sample: the same connections, its session headers on every call."""
+
+    def __init__(self, client: ModelClient, headers: dict[str, str]):
+        self.client = client
+        self.settings = client.settings
+        self.headers = headers
+
+    def chat(self, messages, tools=None, model=None, deadline=None) -> Reply:
+        return self.client.chat(messages, tools, model, deadline, self.headers)
+
+    def generate_image(self, request: dict, deadline: float | None = None) -> Reply:
+        return self.client.generate_image(request, deadline, self.headers)
 
 
 # One decoder for every reply (json.loads with an object_hook builds a new one per call).

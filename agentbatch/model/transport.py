@@ -131,16 +131,25 @@ class Connection:
         self._reader = None
         self._raw: _DeadlineReader | None = None
 
-    def post(self, path: str, body: bytes, deadline: float | None = None, max_bytes: int | None = None) -> Response:
+    def post(
+        self,
+        path: str,
+        body: bytes,
+        deadline: float | None = None,
+        max_bytes: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
         """POST body (JSON) to origin prefix + path; TransportError or TransportTimeout when it cannot.
 
         `deadline` (time.monotonic()) ends the whole call, connecting to the last byte; a reply body over
-        `max_bytes`, before or after decompression, is BadReply.
+        `max_bytes`, before or after decompression, is BadReply. `headers` are sent with this request alone.
         """
         target = (self.origin.prefix + path).encode("latin-1")
-        head = b"POST %s HTTP/1.1\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode("latin-1")
+        head = b"POST %s HTTP/1.1\r\n%s%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (
             target,
             self._headers,
+            extra,
             len(body),
         )
         try:
@@ -411,12 +420,22 @@ class ProxiedConnection:
         self._timeout = timeout
         self._client = http_deadline.client(timeout=timeout, headers={**headers, "Content-Type": "application/json"})
 
-    def post(self, path: str, body: bytes, deadline: float | None = None, max_bytes: int | None = None) -> Response:
+    def post(
+        self,
+        path: str,
+        body: bytes,
+        deadline: float | None = None,
+        max_bytes: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
         httpx = self._httpx
         left = self._timeout if deadline is None else deadline - time.monotonic()
         cap = max_bytes if max_bytes is not None else -1
         try:
-            with self._deadline(left), self._client.stream("POST", self._base + path, content=body) as r:
+            with (
+                self._deadline(left),
+                self._client.stream("POST", self._base + path, content=body, headers=headers) as r,
+            ):
                 declared = r.headers.get("content-length", "")
                 if _LENGTH.fullmatch(declared) and 0 <= cap < int(declared):
                     raise BadReply(f"{int(declared)} bytes, over the {cap}-byte reply limit")
