@@ -155,3 +155,34 @@ def test_the_token_never_reaches_the_endpoint_or_the_records(tmp_path, token):
         _, resp = request(port, "POST", "/v1/rollouts", {"tasks": [{"prompt": "p"}]})
         body = resp.read().decode()
     assert token not in json.dumps(srv.requests()) and token not in body
+
+
+def test_requests_at_once_share_the_workers_each_with_its_own_settings(tmp_path):
+    import threading
+
+    with (
+        ScriptedServer(default_script=[thinking("a", latency=0.3)]) as srv,
+        serving(srv, tmp_path, "--concurrency=4") as (port, _),
+    ):
+        got: dict[str, list] = {}
+
+        def ask(version: str) -> None:
+            tasks = [{"prompt": f"{version} {i}"} for i in range(3)]
+            body = {"tasks": tasks, "samples_per_prompt": 2, "policy_version": version, "model": f"model-{version}"}
+            conn, resp = request(port, "POST", "/v1/rollouts", body)
+            got[version] = [json.loads(line) for line in resp.read().splitlines()]
+            conn.close()
+
+        threads = [threading.Thread(target=ask, args=(v,)) for v in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        asked = {(r["model"], r["messages"][0]["content"].split()[0]) for r in srv.requests()}
+    for version, lines in got.items():
+        assert lines[-1] == {"done": True, "groups": 3, "failed": 0}
+        records = [s["record"] for g in lines[:-1] for s in g["samples"]]
+        assert sorted(g["index"] for g in lines[:-1]) == [0, 1, 2]
+        assert {r["policy_version"] for r in records} == {version}
+        assert {r["metadata"]["model"] for r in records} == {f"model-{version}"}
+    assert asked == {("model-a", "a"), ("model-b", "b")}  # each request's samples called its own model
