@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentbatch.budget import Budget
 from agentbatch.executors.base import Executor
 from agentbatch.work import SampleOutcome, SampleTask
 
@@ -57,6 +58,10 @@ class Group:
     samples: list[Sample] = field(default_factory=list)
 
 
+class BudgetSpent(Exception):
+    """The run's budget lets no further sample start: the calls still waiting for some end with it."""
+
+
 END = object()
 CLOSE_GRACE_SECONDS = 10.0  # what a call's consumer gets after its last group
 
@@ -89,9 +94,10 @@ Record = Callable[[SampleOutcome, SampleTask | None], dict | None]
 class Feed:
     """The executor's run over every call's samples, on a thread of its own (module docstring)."""
 
-    def __init__(self, executor: Executor, record: Record):
+    def __init__(self, executor: Executor, record: Record, budget: Budget | None = None):
         self.executor = executor
         self.record = record  # writes the outcome's line (a run directory's); the record to hand back
+        self.budget = budget  # --budget_usd, --budget_tokens: whether another sample may start
         self._lock = threading.Lock()
         self._calls: list[Call] = []
         self._ready: deque[SampleTask] = deque()  # samples of started groups, to hand out
@@ -186,6 +192,8 @@ class Feed:
         with self._lock:
             while self._ready and self._cancelled(self._ready[0]):
                 self._ready.popleft()
+            if not self._within_budget():
+                return False
             if self._ready:
                 return True
             for call in self._calls:  # the oldest call first: its groups are awaited longest
@@ -196,6 +204,22 @@ class Feed:
                     self._ready.extend(tasks)
                     return True
             return False
+
+    def _within_budget(self) -> bool:
+        """Whether the budget lets one more sample start; once none runs and none may, every call waiting ends."""
+        if self.budget is None or self.budget.may_start(len(self._handed)):
+            return True
+        if not self._handed:
+            self.budget.stopped = True
+            spent = BudgetSpent(f"budget reached ({self.budget.describe()})")
+            for call in [
+                c for c in self._calls if c.waiting or any(self._groups[t.index][0] is c for t in self._ready)
+            ]:
+                call.cancelled = True
+                call.deliver(spent)
+                self._drop(call)
+            self._ready.clear()
+        return False
 
     def _cancelled(self, task: SampleTask) -> bool:
         found = self._groups.get(task.index)

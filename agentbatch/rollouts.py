@@ -25,15 +25,18 @@ from typing import Any
 import agentbatch.flags as flags
 import agentbatch.rollout_tasks as rollout_tasks
 import agentbatch.settings as settings
+from agentbatch.budget import Budget, BudgetSettings
 from agentbatch.errors import FatalError
 from agentbatch.model.client import ModelSettings
 from agentbatch.rollout_feed import END, Call, Feed, Group, Sample
 from agentbatch.rollout_run import RunRecords
+from agentbatch.run_dir.spend import Spend
 from agentbatch.runtime import Runtime
 from agentbatch.sandboxes import registry as sandbox_backends
 from agentbatch.sandboxes.base import RUN_DIR_LABEL
 from agentbatch.secrets_guard import Redactor
 from agentbatch.session import sample_task
+from agentbatch.settings import Settings
 from agentbatch.work import SampleOutcome, SampleTask
 from toolset_distributions import prompt_rng, sample_toolsets
 
@@ -110,6 +113,7 @@ class Rollouts:
         self._records: RunRecords | None = None
         self._model: ModelSettings | None = None
         self._redact = Redactor()
+        self._budget: Budget | None = None
         self._lock = threading.Lock()
 
     def __enter__(self) -> Rollouts:
@@ -122,7 +126,8 @@ class Rollouts:
             executor = runtime.executor()  # its workers forked now, before the feed's thread
             self._model = runtime.cfg.model
             self._redact = Redactor(runtime.secrets)
-            self._feed = Feed(executor, self._record)
+            self._budget = self._records.session.budget if self._records is not None else fresh_budget(self.settings)
+            self._feed = Feed(executor, self._record, self._budget)
         except BaseException:
             self._close("stopped")
             raise
@@ -233,7 +238,9 @@ class Rollouts:
     def _record(self, outcome: SampleOutcome, task: SampleTask | None) -> dict | None:
         """The feed's: the outcome's line written (a run directory's), the record handed back redacted as written."""
         if self._records is not None:
-            self._records.record(outcome, task)
+            self._records.record(outcome, task)  # its session counts the spend against the budget
+        elif self._budget is not None:
+            self._budget.add(outcome.usage)
         if outcome.record is None:
             return None
         record = outcome.record if outcome.status == "done" else dict(outcome.record, discard_reason=outcome.error)
@@ -250,6 +257,14 @@ class Rollouts:
         if self._feed is None or self._model is None:
             raise RuntimeError("Rollouts is not open: use it as `with Rollouts(...) as rollouts:`")
         return self._feed, self._model
+
+
+def fresh_budget(s: Settings) -> Budget | None:
+    """The budget of rollouts without a run directory: nothing spent before them."""
+    settings = BudgetSettings(
+        s.budget.budget_usd, s.budget.budget_tokens, s.limits.max_cost_per_prompt, s.limits.max_tokens_per_prompt
+    )
+    return Budget(settings, Spend()) if settings.active else None
 
 
 def reap(runtime: Runtime) -> None:
