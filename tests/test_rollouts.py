@@ -251,3 +251,35 @@ def test_the_budget_stops_rollouts_and_says_so():
         with pytest.raises(RolloutsError, match=r"budget reached \(15 of 30 tokens\)"):
             next(groups)
         assert first.samples[0].status == "done" and len(srv.requests()) == 1
+
+
+def test_the_trl_rollout_func_of_the_docs_gives_one_completion_per_prompt_in_order():
+    """The adapter docs/rollouts.md shows, run as written on a TRL-shaped call: prompts repeated num_generations
+    times in a row; each entry's prompt + completion ids are its sample's ids, env_mask its mask after the split."""
+    import re
+    import types
+
+    text = (ROOT / "docs" / "rollouts.md").read_text(encoding="utf-8")
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def rollout_func_from" in b]
+    space: dict = {}
+    exec(code.split("# GRPOTrainer")[0], space)
+    trainer = types.SimpleNamespace(num_generations=2)
+    with (
+        ScriptedServer(script={"a": [thinking("x")], "b": [thinking("yy")]}) as srv,
+        Rollouts(**flags(srv), token_ids=True, logprobs=True) as rollouts,
+    ):
+        out = space["rollout_func_from"](rollouts)(["a", "a", "b", "b"], trainer)
+    assert {k: len(v) for k, v in out.items()} == dict.fromkeys(out, 4)
+    a, b = (completion_ids(build_message(thinking(t), 0)[0]) for t in ("x", "yy"))
+    assert out["completion_ids"] == [a, a, b, b]  # in the prompts' order, whatever order the groups finished in
+    assert all(set(m) == {1} for m in out["env_mask"])  # one call each: every completion token was sampled
+    assert all(len(lp) == len(c) for lp, c in zip(out["logprobs"], out["completion_ids"], strict=True))
+    assert out["reward"] == [None] * 4  # no check: unscorable
+
+
+def test_a_formats_entries_are_tasks_too():
+    from agentbatch.dataset import Entry
+
+    with ScriptedServer(default_script=[thinking("42")]) as srv, Rollouts(**flags(srv)) as rollouts:
+        (group,) = list(rollouts.run([Entry(1, "the answer?", answers=("42",))]))
+    assert group.samples[0].reward == 1.0 and group.task.prompt == "the answer?"
