@@ -12,6 +12,7 @@ said once per process in one line.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 from typing import Any
@@ -66,6 +67,8 @@ def _load(name: str) -> Any:
     try:
         from transformers import AutoTokenizer
 
+        if name.endswith(".gguf") and importlib.util.find_spec("torch") is None:
+            raise ImportError("transformers reads a GGUF file's tokenizer only with torch, which is not installed")
         if name.endswith(".gguf"):  # transformers reads a GGUF file's tokenizer only with torch installed
             return AutoTokenizer.from_pretrained(os.path.dirname(name) or ".", gguf_file=os.path.basename(name))
         return AutoTokenizer.from_pretrained(name)

@@ -71,6 +71,25 @@ def test_the_masked_ids_are_what_the_embedded_model_sampled(served):
     assert [c["policy_version"] for c in tokens["calls"]] == ["p1", "p1"]
 
 
+def test_a_cli_sample_with_tool_calls_is_retokenized_or_says_in_one_line_why_not(tmp_path):
+    """With tools offered the first call runs several completions (no ids): the sample is retokenized from the
+    GGUF file's template, which transformers reads only with torch; without it, its tokens are null."""
+    from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
+
+    data = write_dataset(tmp_path / "ds.jsonl", ["Say hello."])
+    args = [f"--dataset_file={data}", "--batch_size=1", "--run_name=l", f"--output_dir={tmp_path / 'out'}"]
+    args += ["--model=local", "--require_reasoning=false", "--distribution=terminal_only", "--token_ids"]
+    done = run_cli([*args, "--max_turns=2", "--max_tokens=32"], tmp_path)
+    assert_clean_exit(done)
+    (line,) = RunDir(tmp_path / "out" / "l").trajectories()
+    if importlib.util.find_spec("torch") is None:
+        assert line["tokens"] is None
+        (said,) = [x for x in done.stderr.splitlines() if "cannot retokenize" in x]
+        assert "torch" in said
+    else:
+        assert line["tokens"]["source"] == "retokenized"
+
+
 def test_a_request_that_runs_several_completions_gets_no_ids(served):
     """The tool path (chatml-function-calling's choice, arguments, "another call?") has no one sampled sequence."""
     settings = ModelSettings(model="local", base_url=served, api_key="", max_tokens=48, token_ids=True)

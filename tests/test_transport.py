@@ -191,12 +191,14 @@ class _Proxy(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     seen: list[str] = []
+    headers_seen: list[dict] = []
 
     def do_POST(self):
         import http.client
         from urllib.parse import urlsplit
 
         _Proxy.seen.append(self.path)
+        _Proxy.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
         url = urlsplit(self.path)
         body = self.rfile.read(int(self.headers["Content-Length"]))
         upstream = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
@@ -223,10 +225,13 @@ def test_an_endpoint_behind_a_proxy_is_reached_through_it(monkeypatch):
             monkeypatch.delenv("no_proxy", raising=False)
             assert transport.proxied(srv.base_url)
             client = ModelClient(ModelSettings(model="m", base_url=srv.base_url, api_key="k", max_retries=0))
-            reply = client.chat([{"role": "user", "content": "hi"}])
+            reply = client.for_session("br-0123456789abcdef").chat([{"role": "user", "content": "hi"}])
             monkeypatch.setenv("NO_PROXY", "127.0.0.1")
             assert not transport.proxied(srv.base_url)
         assert reply.choices[0].message.content == "via proxy"
         assert _Proxy.seen == [f"{srv.base_url}/chat/completions"]
+        # A sample's session headers go through the proxy too (httpx's request headers).
+        (headers,) = _Proxy.headers_seen
+        assert headers["x-session-id"] == headers["x-smg-routing-key"] == "br-0123456789abcdef"
     finally:
         proxy.shutdown()

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from agentbatch.errors import FatalError
+from agentbatch.model import local_ids
 
 log = logging.getLogger("batch_runner")
 
@@ -305,93 +306,15 @@ class TokenBudget:
 def capped_chat_handler(llama, max_tokens: int | None = None, **kwargs):
     """chatml-function-calling with every completion it runs for a request inside the request's max_tokens.
 
-    The reply also carries the ids the model saw and sampled, in vLLM's shape (`SampledIds`), when the request
-    ran one completion.
+    The ids the model saw and sampled are kept for the reply (local_ids.SampledIds), when the request ran one
+    completion.
     """
     from llama_cpp.llama_chat_format import chatml_function_calling
 
     budget = max_tokens if max_tokens and max_tokens > 0 else MAX_TOKENS
-    with SampledIds(llama) as sampled:
+    with local_ids.SampledIds(llama) as sampled:
         reply = chatml_function_calling(llama=TokenBudget(llama, budget), max_tokens=budget, **kwargs)
     return sampled.add_to(reply, bool(kwargs.get("logprobs")))
-
-
-# Reply id → the ids SampledIds found for it, until RequestAdapter puts them in the reply it sends.
-SAMPLED: dict[str, dict] = {}
-
-
-def with_sampled_ids(raw: bytes) -> bytes:
-    """A chat reply's body with the ids its request sampled (SampledIds), in vLLM's shape; as it was without."""
-    try:
-        reply = json.loads(raw)
-    except ValueError:
-        return raw
-    found = SAMPLED.pop(str(reply.get("id")), None) if isinstance(reply, dict) else None
-    if found is None or not reply.get("choices"):
-        return raw
-    reply["prompt_token_ids"] = found["prompt_token_ids"]
-    reply["choices"][0]["token_ids"] = found["token_ids"]
-    if "logprobs" in found:
-        reply["choices"][0]["logprobs"] = found["logprobs"]
-    return json.dumps(reply).encode()
-
-
-class SampledIds:
-    """The exact ids of one request: `Llama.generate` wrapped, which sees every prompt and every sampled id.
-
-    llama-cpp-python's server returns no ids, and its logprobs carry token texts only; but every completion
-    runs through `generate`, which yields each id it samples, the end of turn included (llama.cpp drops that
-    one from the text, the usage and the logprobs). A request that ran one completion (a plain chat, or
-    `tool_choice: "none"`) gets vLLM's `prompt_token_ids` and `choices[0].token_ids`, and with logprobs one
-    entry per id computed from the logits (raw, before temperature, as vLLM's). A request that ran several
-    (chatml-function-calling's tool path: the choice of a tool, its arguments, "another call?", joined by text
-    the handler inserts and re-tokenized between them) gets none: no one sequence of ids is what was sampled.
-    Requests are serialized on the one Llama, so a recorder per request is unambiguous.
-    """
-
-    def __init__(self, llama):
-        self.llama = llama
-        self.calls: list[tuple[list[int], list[int]]] = []
-
-    def __enter__(self) -> SampledIds:
-        generate = self.llama.generate
-
-        def recorded(tokens, *args, **kwargs):
-            prompt, ids = [int(t) for t in tokens], []
-            self.calls.append((prompt, ids))
-            for token in generate(tokens, *args, **kwargs):
-                ids.append(int(token))
-                yield token
-
-        self.llama.generate = recorded  # an instance attribute shadows the method, for this request only
-        return self
-
-    def __exit__(self, *exc) -> None:
-        del self.llama.generate
-
-    def add_to(self, reply, logprobs: bool):
-        """The reply, its ids kept for RequestAdapter to add (the app's response model drops unknown fields)."""
-        if not isinstance(reply, dict) or len(self.calls) != 1 or not reply.get("choices"):
-            return reply
-        prompt, ids = self.calls[0]
-        found: dict = {"prompt_token_ids": prompt, "token_ids": ids}
-        if logprobs and getattr(self.llama, "_logits_all", False):  # the server's default; else no logits rows
-            found["logprobs"] = {"content": self._logprobs(prompt, ids), "refusal": None}
-        SAMPLED[str(reply.get("id"))] = found
-        return reply
-
-    def _logprobs(self, prompt: list[int], ids: list[int]) -> list[dict]:
-        """One entry per sampled id: its logprob from the logits row that sampled it (logits_all, the default)."""
-        from llama_cpp import Llama
-
-        entries = []
-        for i, token in enumerate(ids):
-            row = self.llama.scores[len(prompt) - 1 + i]
-            piece = self.llama.detokenize([token], special=True)
-            text = piece.decode("utf-8", errors="replace")
-            value = float(Llama.logits_to_logprobs(row)[token])
-            entries.append({"id": token, "token": text, "logprob": value, "bytes": list(piece), "top_logprobs": []})
-        return entries
 
 
 class RequestAdapter:
@@ -423,31 +346,7 @@ class RequestAdapter:
             sent = True
             return {"type": "http.request", "body": raw, "more_body": False}
 
-        return await self.app(dict(scope, headers=headers), replay, _adding_ids(send))
-
-
-def _adding_ids(send):
-    """The ASGI `send` of a chat reply: its body held to the end, then sent with its sampled ids (with_sampled_ids)."""
-    start: dict = {}
-    body: list[bytes] = []
-
-    async def sending(message):
-        if message["type"] == "http.response.start":
-            start.update(message)
-            return None
-        if message["type"] != "http.response.body" or not start:
-            return await send(message)
-        body.append(message.get("body", b""))
-        if message.get("more_body"):
-            return None
-        raw = b"".join(body)
-        if start.get("status") == 200:
-            raw = with_sampled_ids(raw)
-        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-        await send(dict(start, headers=[*headers, (b"content-length", str(len(raw)).encode())]))
-        return await send({"type": "http.response.body", "body": raw, "more_body": False})
-
-    return sending
+        return await self.app(dict(scope, headers=headers), replay, local_ids.adding_ids(send, local_ids.asks_ids(raw)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,11 +3,13 @@
 One adapter per shape, chosen by what the reply contains (never by the URL): vLLM's top-level
 `prompt_token_ids` and `choices[0].token_ids` (`return_token_ids`), SGLang's `choices[0].prompt_token_ids`
 and `response_token_ids` (or its `sglext` block), llama-server's `logprobs.content[].id` (completion ids
-only: its chat replies carry no prompt ids). The embedded model (model/local_server.py) answers in vLLM's.
+only: its chat replies carry no prompt ids; vLLM's `token_id:N` spellings are read the same way). The
+embedded model (model/local_server.py) answers in vLLM's.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,7 @@ from agentbatch.model import numbers
 
 # What a chat request adds to ask for them: vLLM and SGLang read `return_token_ids`; llama-server ignores it.
 REQUEST_FIELDS = {"return_token_ids": True}
+_TOKEN_ID = re.compile(r"token_id:([0-9]+)", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,17 @@ def _sglext(reply: dict, choice: dict) -> CallTokens | None:
 
 
 def _llama_server(reply: dict, choice: dict) -> CallTokens | None:
+    """llama-server's `logprobs.content[].id`, or vLLM's tokens spelled `token_id:N` (--return-tokens-as-token-ids)."""
     entries = _content(choice)
-    completion = _ids([e.get("id") for e in entries])
+    completion = _ids([e["id"] if "id" in e else _spelled(e.get("token")) for e in entries])
     if not entries or completion is None:
         return None
     return CallTokens(None, completion, [numbers.real(e.get("logprob")) for e in entries], "llama-server")
+
+
+def _spelled(token: Any) -> int | None:
+    match = _TOKEN_ID.fullmatch(token) if isinstance(token, str) else None
+    return numbers.count(match.group(1)) if match else None
 
 
 # Tried in this order: the first whose fields the reply holds reads it.
