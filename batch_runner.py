@@ -60,11 +60,20 @@ def _fatal(message: str, verbose: bool) -> None:
 
 def serve(argv: list[str]) -> None:
     """`batch_runner.py serve --port=P [the run's flags]`: rollouts over HTTP (docs/rollouts.md)."""
+    if any(a in ("--help", "-h") for a in argv):
+        print(
+            "usage: batch_runner.py serve [--host=127.0.0.1] [--port=8470] [the run's flags]\n\n"
+            "Rollouts over HTTP: POST /v1/rollouts streams one JSON line per finished group; GET /health.\n"
+            "Every request needs Authorization: Bearer $BATCH_RUNNER_TOKEN when it is set (needed beyond\n"
+            "loopback). The protocol and the Python API: docs/rollouts.md; the flags: --help without serve."
+        )
+        return
     values = command_line.keyword_values(argv)
     verbose = flags.verbose(values or {})
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
     if values is None:
-        _fatal("serve takes --flag=value arguments only (the run's flags, --host, --port)", verbose)
+        bad = next((a for a in argv if a[2:].partition("=")[0].replace("-", "_") not in flags.BY_NAME), argv[0])
+        _fatal(f"serve takes the run's flags, --host and --port as --flag=value; not {bad!r}", verbose)
     # SIGTERM stops it as Ctrl-C does: every sandbox removed, a run directory's session ended.
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
     try:

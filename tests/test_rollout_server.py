@@ -185,3 +185,14 @@ def test_requests_at_once_share_the_workers_each_with_its_own_settings(tmp_path)
         assert {r["policy_version"] for r in records} == {version}
         assert {r["metadata"]["model"] for r in records} == {f"model-{version}"}
     assert asked == {("model-a", "a"), ("model-b", "b")}  # each request's samples called its own model
+
+
+def test_serve_names_a_flag_it_does_not_know_in_one_line(tmp_path):
+    done = subprocess.run(
+        cli_command(["serve", "--port=0", "--colour=blue"]), cwd=tmp_path, env=cli_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--colour=blue" in done.stderr
+    usage = subprocess.run(
+        cli_command(["serve", "--help"]), cwd=tmp_path, env=cli_env(), capture_output=True, text=True
+    )
+    assert usage.returncode == 0 and "POST /v1/rollouts" in usage.stdout
