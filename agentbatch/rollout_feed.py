@@ -62,8 +62,8 @@ class BudgetSpent(Exception):
     """The run's budget lets no further sample start: the calls still waiting for some end with it."""
 
 
-END = object()
-CLOSE_GRACE_SECONDS = 10.0  # what a call's consumer gets after its last group
+END = object()  # what a call's consumer gets after its last group
+CLOSE_GRACE_SECONDS = 10.0
 
 
 class Call:
@@ -115,22 +115,22 @@ class Feed:
 
     def submit(self, call: Call, groups: list[tuple[int, Group, int, list[SampleTask]]]) -> None:
         """Run the call's groups: (task number, group, its size, its samples still to run)."""
-        with self._lock:
-            if self.error is not None:
-                raise RuntimeError(f"the rollouts stopped: {self.error}")
-            call.left = len(groups)
-            for number, group, size, tasks in groups:
-                if tasks:
-                    self._groups[number] = (call, group, size)
-                    call.waiting.append(tasks)
-            self._calls.append(call)
+        call.left = len(groups)
         if not groups:
             call.deliver(END)
         for _, group, _, tasks in groups:
             if not tasks:  # every sample recorded before (a resumed run): open until read, as any
-                with self._lock:
-                    call.open += 1
-                call.finish(group)
+                call.open += 1
+                call.finish(group)  # before the feed's thread sees the call: one thread finishes its groups
+        with self._lock:
+            if self.error is not None:
+                raise RuntimeError(f"the rollouts stopped: {self.error}")
+            for number, group, size, tasks in groups:
+                if tasks:
+                    self._groups[number] = (call, group, size)
+                    call.waiting.append(tasks)
+            if call.waiting:
+                self._calls.append(call)
         self.executor.wake()
 
     def taken(self, call: Call) -> None:
