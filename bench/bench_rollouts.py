@@ -23,14 +23,18 @@ from common import OUT, ROOT, Server, TreeSampler, report, run_cli, write_datase
 
 CHILD = """
 import json, sys, time
+t0 = time.monotonic()
 sys.path.insert(0, {root!r})
 from agentbatch import Rollouts
+t1 = time.monotonic()
 
 def main():
     args = json.loads(sys.argv[1])
     tasks = [json.loads(line) for line in open(args.pop("tasks_file"))]
     pause, reads = args.pop("pause", 0.0), args.pop("reads", None)
-    with Rollouts(**args) as rollouts:
+    rollouts = Rollouts(**args)
+    t2 = time.monotonic()
+    with rollouts:
         start = time.monotonic()
         groups = rollouts.run(tasks)
         first = None
@@ -42,7 +46,9 @@ def main():
                 if n == reads:
                     groups.close()
                     break
-        print(json.dumps({{"first": first, "all": time.monotonic() - start}}), flush=True)
+        ran = time.monotonic()
+    phases = [t1 - t0, t2 - t1, start - t2, ran - start, time.monotonic() - ran]
+    print(json.dumps({{"first": first, "all": ran - start, "phases": phases}}), flush=True)
 
 if __name__ == "__main__":
     main()
@@ -86,13 +92,14 @@ def api_run(name: str, dataset, base_url: str, concurrency: int, **more) -> dict
 def overhead(args, results: dict) -> None:
     n, c, latency = args.prompts, args.concurrency, args.latency
     dataset = write_dataset(n)
-    cli_walls, api_walls, firsts, alls = [], [], [], []
+    cli_walls, api_walls, firsts, alls, phases, sessions = [], [], [], [], [], []
     with Server(latency) as srv:
         for i in range(2):
             cli = run_cli(f"rollouts_cli_{i}", dataset, srv.base_url, f"--concurrency={c}")
             if cli["prompts"]["done"] != n:
                 raise RuntimeError(f"cli: {cli['prompts']}")
             cli_walls.append(cli["wall"])
+            sessions.append(cli["run_seconds"])
             api = api_run(f"rollouts_api_{i}", dataset, srv.base_url, c)
             stats = json.loads((OUT / "runs" / f"rollouts_api_{i}" / "statistics.json").read_text())
             if stats["prompts"]["done"] != n:
@@ -100,12 +107,14 @@ def overhead(args, results: dict) -> None:
             api_walls.append(api["wall"])
             firsts.append(api["lines"][-1]["first"])
             alls.append(api["lines"][-1]["all"])
+            phases.append("/".join(f"{p:.2f}" for p in api["lines"][-1]["phases"]))
     ratio = sum(api_walls) / sum(cli_walls)
     report(
         results,
         "overhead",
         f"(a) {n} prompts × 3 calls, L={latency} s, C={c}: CLI {', '.join(f'{w:.2f}' for w in cli_walls)} s, "
-        f"API {', '.join(f'{w:.2f}' for w in api_walls)} s: API ÷ CLI = {ratio:.3f}",
+        f"API {', '.join(f'{w:.2f}' for w in api_walls)} s: API ÷ CLI = {ratio:.3f}; the CLI's sessions "
+        f"{', '.join(f'{w:.2f}' for w in sessions)} s, the API's import/settings/start/run/end {', '.join(phases)} s",
     )
     report(
         results,
