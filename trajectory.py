@@ -312,11 +312,12 @@ def shown_kinds(record: dict) -> set[str]:
         "rewards": check is not None and check.get("rewards") is not None,
         "task": isinstance(record.get("task"), dict) and record["task"].get("name") is not None,
         "duration": isinstance(record.get("duration_seconds"), int | float),
-        "tokens": isinstance(tokens, dict),
-        "token_drift": isinstance(tokens, dict) and bool(tokens.get("drift")),
+        "tokens": isinstance(tokens, dict) and isinstance(tokens.get("source"), str),
+        "token_drift": isinstance(tokens, dict) and isinstance(tokens.get("drift"), list) and bool(tokens["drift"]),
         "policy_version": isinstance(record.get("policy_version"), str)
         or isinstance(tokens, dict)
-        and any(isinstance(c, dict) and c.get("policy_version") is not None for c in tokens.get("calls") or []),
+        and isinstance(tokens.get("calls"), list)
+        and any(isinstance(c, dict) and c.get("policy_version") is not None for c in tokens["calls"]),
     }
     return {kind for kind, yes in shown.items() if yes}
 

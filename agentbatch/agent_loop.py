@@ -83,10 +83,7 @@ def run_agent(
                 return result
             continue
         unknown_streak = 0
-        reasoning, content = split_reasoning(choice.message)
-        assistant: dict = {"role": "assistant", "content": content, "reasoning": reasoning}
-        if logprobs and (tokens := token_logprobs(choice)):
-            assistant["logprobs"] = tokens
+        assistant = _assistant(choice, logprobs)
         cut = choice.finish_reason == "length"
         # Some servers omit call ids or send arguments as an object: normalise so ids pair calls with results.
         calls = [
@@ -117,6 +114,15 @@ def run_agent(
             saved.append({"role": "tool", "tool_call_id": cid, "name": name, "content": output, "ok": ok})
     result.stop_reason = "max_turns"
     return result
+
+
+def _assistant(choice, logprobs: bool) -> dict:
+    """The assistant message saved from a reply: its content, its reasoning apart, its logprobs if asked for."""
+    reasoning, content = split_reasoning(choice.message)
+    assistant: dict = {"role": "assistant", "content": content, "reasoning": reasoning}
+    if logprobs and (tokens := token_logprobs(choice)):
+        assistant["logprobs"] = tokens
+    return assistant
 
 
 def _arguments_text(arguments: Any) -> str:

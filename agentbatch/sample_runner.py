@@ -118,16 +118,9 @@ def run_sample(
             verification.run_setup(ctx, task.setup, check_timeout)
         before = task.hooks.before_agent(hooked) if task.hooks is not None else None
         tools = offered_tools(task.toolsets, cfg.tools)
+        prefill, logprobs = cfg.prefill, cfg.model.logprobs
         result = run_agent(
-            task.prompt,
-            clients.chat,
-            tools,
-            ctx,
-            cfg.max_turns,
-            cfg.system_prompt,
-            cfg.prefill,
-            cfg.model.logprobs,
-            recorder,
+            task.prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, prefill, logprobs, recorder
         )
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
@@ -163,16 +156,8 @@ def run_sample(
     return outcome
 
 
-def _record(
-    task: SampleTask,
-    cfg: RunConfig,
-    result,
-    usage: Usage,
-    outcome: dict,
-    seconds: float,
-    recorder: TokenRecorder | None,
-) -> dict:
-    """The sample's trajectory line (trajectory.build_record)."""
+def _record(task: SampleTask, cfg: RunConfig, result, usage: Usage, outcome: dict, seconds: float, recorder) -> dict:
+    """The sample's trajectory line (trajectory.build_record), its `tokens` with --token_ids."""
     return build_record(
         prompt_index=task.index,
         messages=result.messages,

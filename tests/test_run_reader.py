@@ -38,7 +38,7 @@ SCRIPT = {
     "no tool": [thinking("no tools needed")],
 }
 ROWS = list(SCRIPT)
-ALL_FORMATS = "openai,llama_factory,hermes,atif,parquet,inspect"
+ALL_FORMATS = "openai,llama_factory,hermes,atif,parquet,inspect,tokens"
 ODD_FAILURE = {"identity": "odd-1", "prompt": "odd", "sample_index": "x", "usage": "u", "error": 5, "timestamp": 7}
 # Lines the merge leaves out, one of each reason (and a torn last line, as a kill leaves it).
 LEFT_OUT = [
@@ -115,7 +115,8 @@ def test_every_consumer_keeps_and_counts_the_lines_the_merge_keeps(made, tmp_pat
         report = json.loads((run / "export" / "report.json").read_text())
         for fmt in formats.split(","):
             assert {k: report[fmt]["source"][k] for k in counts} == counts, fmt
-            assert report[fmt]["written"] == (5 if fmt == "inspect" else 3), fmt  # Inspect's log: the failures too
+            # Inspect's log: the failures too; tokens: none of these lines has any (the run is not --token_ids)
+            assert report[fmt]["written"] == {"inspect": 5, "tokens": 0}.get(fmt, 3), fmt
     from inspect_ai.log import read_eval_log
 
     (log,) = (run / "export" / "inspect").glob("*.eval")
@@ -158,9 +159,10 @@ def test_failed_lines_of_any_shape_are_counted_and_shown_by_every_consumer(made,
 
 
 # Fields of a trajectory line the rule does not type (record_shape checks only what the runner's own readers need).
-UNTYPED = ("reward", "passed", "check", "task", "duration_seconds", "a_field_of_its_own")
+UNTYPED = ("reward", "passed", "check", "task", "duration_seconds", "tokens", "a_field_of_its_own")
 UNTYPED_IN = {"metadata": ("model", "timestamp", "batch_num", "task"), "usage": ("cost", "cost_usd", "other")}
 UNTYPED_IN["check"] = ("status", "exit_code", "output", "seconds", "answer_matched", "rewards")
+UNTYPED_IN["tokens"] = ("ids", "mask", "logprobs", "source", "calls", "drift")
 
 
 def test_trajectories_and_discards_with_untyped_fields_of_any_type_go_through_every_consumer(made, tmp_path):

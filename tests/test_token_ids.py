@@ -41,7 +41,7 @@ SCRIPT = {
 def vllm_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
     data = write_dataset(tmp / "ds.jsonl", [{"prompt": p, "answer": "Done."} for p in SCRIPT])
-    flags = ["--token_ids", "--logprobs", "--policy_version=step-7", "--export=tokens,parquet,openai"]
+    flags = ["--token_ids", "--logprobs", "--policy_version=step-7", "--export=tokens,parquet,openai", "--report"]
     with ScriptedServer(script=SCRIPT) as srv:
         done = run_cli(args_for(data, tmp / "out", "v", *flags), tmp, srv)
         bodies = srv.requests()
@@ -120,6 +120,23 @@ def test_the_token_export_is_read_by_pyarrow_and_datasets_exactly(vllm_run):
     # The other exports take such lines as they take any: the field is one more of the line's.
     report = json.loads((folder.parent / "report.json").read_text())
     assert report["parquet"]["written"] == report["openai"]["written"] == report["tokens"]["written"] == 2
+
+
+def test_the_report_shows_the_tokens_counted_not_listed(vllm_run):
+    from report_helpers import Report
+
+    lines, _, folder = vllm_run
+    report = Report(folder.parent.parent / "report.html")
+    shown = {item["conversations"][0]["value"]: item["extra"]["tokens"] for item in report.items}
+    for prompt, line in lines.items():
+        tokens = line["tokens"]
+        assert shown[prompt] == {
+            "source": "endpoint",
+            "ids": len(tokens["ids"]),
+            "sampled": sum(tokens["mask"]),
+            "calls": tokens["calls"],
+            "drift": tokens["drift"],
+        }
 
 
 @pytest.mark.parametrize("shape", ["sglang", "sglext"])

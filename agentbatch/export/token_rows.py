@@ -3,13 +3,14 @@
 `input_ids` and `assistant_masks` are the names TRL's SFTTrainer takes as pre-tokenized (labels = the id where
 the mask is 1, else -100); `logprobs` are float64 (exact, as the endpoint sent them; null where the mask is 0
 or none was sent); `group` is the row's identity, so the samples of one prompt (GRPO's group) share it. A
-line without tokens (a run before --token_ids, a sample that could not be retokenized) is skipped, counted
-under `no_tokens`.
+line without tokens (a run before --token_ids, a sample that could not be retokenized, or tokens of another
+shape: a hand edit) is skipped, counted under `no_tokens`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -36,23 +37,50 @@ SCHEMA = pa.schema(
 )
 
 
+def _whole(value) -> bool:
+    return type(value) is int and 0 <= value < 2**31
+
+
+def _number(value) -> bool:
+    return value is None or (type(value) in (int, float) and math.isfinite(value))
+
+
+def usable(tokens) -> bool:
+    """Whether a line's `tokens` has the shape sample_tokens writes (any other, a hand edit, is skipped)."""
+    if not isinstance(tokens, dict):
+        return False
+    ids, mask, logprobs = tokens.get("ids"), tokens.get("mask"), tokens.get("logprobs")
+    if not (isinstance(ids, list) and isinstance(mask, list) and isinstance(logprobs, list)):
+        return False
+    return (
+        len(ids) == len(mask) == len(logprobs)
+        and all(_whole(i) for i in ids)
+        and all(m in (0, 1) and type(m) is int for m in mask)
+        and all(_number(v) for v in logprobs)
+        and isinstance(tokens.get("source"), str)
+    )
+
+
 def to_row(record: dict) -> dict | None:
-    """The row of one trajectory line, None when it has no tokens."""
+    """The row of one trajectory line, None when it has no usable tokens."""
     tokens = record.get("tokens")
-    if not isinstance(tokens, dict) or not isinstance(tokens.get("ids"), list):
+    if not usable(tokens):
         return None
     reward = record.get("reward")
+    calls = tokens.get("calls") if isinstance(tokens.get("calls"), list) else []
+    versions = [c.get("policy_version") if isinstance(c, dict) else None for c in calls]
+    index, sample = record.get("prompt_index"), outcome(record)["sample_index"]
     return {
         "group": record.get("identity") if isinstance(record.get("identity"), str) else str(record.get("prompt_index")),
-        "index": record.get("prompt_index"),
-        "sample": outcome(record)["sample_index"],
+        "index": index if _whole(index) else None,
+        "sample": sample if _whole(sample) else None,
         "input_ids": tokens["ids"],
-        "assistant_masks": tokens.get("mask"),
-        "logprobs": tokens.get("logprobs"),
-        "reward": float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
-        "source": tokens.get("source"),
+        "assistant_masks": tokens["mask"],
+        "logprobs": [float(v) if v is not None else None for v in tokens["logprobs"]],
+        "reward": float(reward) if type(reward) in (int, float) and math.isfinite(reward) else None,
+        "source": tokens["source"],
         "drift": json.dumps(tokens["drift"]) if tokens.get("drift") else None,
-        "policy_versions": [c.get("policy_version") for c in tokens.get("calls") or () if isinstance(c, dict)],
+        "policy_versions": [v if isinstance(v, str) else None for v in versions],
     }
 
 

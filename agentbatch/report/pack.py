@@ -146,6 +146,8 @@ class Index:
         out["tool_stats"] = {n: v for n, v in stats.items() if isinstance(v, dict) and v.get("count")}
         out["tools_offered"] = self._offered(r.get("tools"))
         extra = {k: v for k, v in r.items() if k not in SHOWN}
+        if isinstance(extra.get("tokens"), dict):
+            extra["tokens"] = _tokens(extra["tokens"])
         if extra:
             out["extra"] = extra
         return _capped(out, line)
@@ -209,6 +211,19 @@ def _turn(turn: dict) -> dict:
     if isinstance(logprobs, dict) and isinstance(logprobs.get("tokens"), list):
         out["logprob_tokens"] = len(logprobs["tokens"])  # the numbers themselves stay in the file
     return out
+
+
+def _tokens(tokens: dict) -> dict:
+    """A line's --token_ids `tokens` as the page shows them: counts and the drift, the ids themselves stay in the file."""
+    mask = tokens.get("mask") if isinstance(tokens.get("mask"), list) else []
+    ids = tokens.get("ids") if isinstance(tokens.get("ids"), list) else []
+    return {
+        "source": tokens.get("source"),
+        "ids": len(ids),
+        "sampled": sum(1 for m in mask if m == 1),
+        "calls": tokens.get("calls"),
+        "drift": tokens.get("drift"),
+    }
 
 
 def _capped(value, line: Line):
