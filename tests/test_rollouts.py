@@ -160,6 +160,11 @@ def test_with_a_run_name_every_sample_is_recorded_as_a_cli_run_records_it(tmp_pa
         json.dumps(r, sort_keys=True) for r in handed
     )
     assert sorted(r.get("policy_version") or "" for r in lines) == ["", "", "", "", "v2", "v2"]
+    # A consumer of the file reads the label where there is one, and null where there is none.
+    import datasets
+
+    loaded = datasets.load_dataset("json", data_files=str(out / "api" / "trajectories.jsonl"), split="train")
+    assert sorted(v or "" for v in loaded["policy_version"]) == ["", "", "", "", "v2", "v2"]
     assert run.stats()["prompts"]["done"] >= 4
     assert json.loads((out / "api" / "checkpoint.json").read_text())["state"] == "finished"
 
