@@ -68,9 +68,39 @@ def _cache_command(argv: list[str]) -> None:
     sys.exit(code)
 
 
+def serve(argv: list[str]) -> None:
+    """`batch_runner.py serve --port=P [the run's flags]`: rollouts over HTTP (docs/rollouts.md)."""
+    if any(a in ("--help", "-h") for a in argv):
+        print(
+            "usage: batch_runner.py serve [--host=127.0.0.1] [--port=8470] [the run's flags]\n\n"
+            "Rollouts over HTTP: POST /v1/rollouts streams one JSON line per finished group; GET /health.\n"
+            "Every request needs Authorization: Bearer $BATCH_RUNNER_TOKEN when it is set (needed beyond\n"
+            "loopback). The protocol and the Python API: docs/rollouts.md; the flags: --help without serve."
+        )
+        return
+    values = command_line.keyword_values(argv)
+    verbose = flags.verbose(values or {})
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    if values is None:
+        bad = next((a for a in argv if a[2:].partition("=")[0].replace("-", "_") not in flags.BY_NAME), argv[0])
+        _fatal(f"serve takes the run's flags, --host and --port as --flag=value; not {bad!r}", verbose)
+    # SIGTERM stops it as Ctrl-C does: every sandbox removed, a run directory's session ended.
+    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
+    try:
+        from agentbatch import rollout_server
+
+        code = rollout_server.serve(values)
+    except FatalError as e:
+        _fatal(str(e), verbose)
+    sys.exit(code)
+
+
 def cli() -> None:
     """Entry point of `python batch_runner.py` and the `batch-runner` console script."""
     argv = sys.argv[1:]
+    if argv[:1] == ["serve"]:
+        serve(argv[1:])
+        return
     try:
         if command_line.is_cache_command(argv):  # `batch-runner cache --stats|--clear`
             _cache_command(argv[1:])

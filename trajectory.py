@@ -231,6 +231,7 @@ def build_record(
     duration_seconds: float | None = None,
     token_ids: bool = False,
     tokens: dict | None = None,
+    policy_version: str | None = None,
 ) -> dict:
     """One trajectory line; every line of a run has the same keys and nested shape, so `datasets` loads any mix.
 
@@ -238,7 +239,8 @@ def build_record(
     row's (dataset.task_identity), which the runner always gives; `tool_names` are the run's tools, each with
     its entry in `tool_stats` and `tool_error_counts`; `task` is a Harbor task's name, difficulty, category
     and tags; `duration_seconds` how long the sample ran, from its sandbox's check to its own check's end;
-    `tokens` the sample's token ids (agentbatch.sample_tokens), on every line of a --token_ids run (`token_ids`).
+    `tokens` the sample's token ids (agentbatch.sample_tokens), on every line of a --token_ids run (`token_ids`);
+    `policy_version` the label of the policy its model calls used (--policy_version), absent without one.
     """
     conversations = to_conversations(messages)
     stats = tool_stats_of(messages, tool_names)
@@ -253,6 +255,7 @@ def build_record(
         "stop_reason": stop_reason,
         "sample_index": sample_index,
         **({"identity": identity} if identity is not None else {}),
+        **({"policy_version": policy_version} if policy_version is not None else {}),
         **outcome,
         # Every check the sample had, newest last (a rescore adds one: rescore.py); reward, passed and check
         # above are always the newest. The run's own is its first.
@@ -336,7 +339,8 @@ def shown_kinds(record: dict) -> set[str]:
         "final_state": isinstance(record.get("final_state"), str),
         "tokens": isinstance(tokens, dict) and isinstance(tokens.get("source"), str),
         "token_drift": isinstance(tokens, dict) and isinstance(tokens.get("drift"), list) and bool(tokens["drift"]),
-        "policy_version": isinstance(tokens, dict)
+        "policy_version": isinstance(record.get("policy_version"), str)
+        or isinstance(tokens, dict)
         and isinstance(tokens.get("calls"), list)
         and any(isinstance(c, dict) and c.get("policy_version") is not None for c in tokens["calls"]),
     }

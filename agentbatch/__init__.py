@@ -6,6 +6,7 @@
     from agentbatch import TaskHooks, HookContext, CheckResult, TaskLimits, ImageBuild, Resources, RunContext
     from agentbatch import Egress, ComposeProject  # a sample's egress policy, its several containers
     from agentbatch import register_model, Model, Reply, ScriptedModel   # models without an endpoint
+    from agentbatch import Rollouts                # rollouts on demand for a training loop (docs/rollouts.md)
 
 The names are looked up when first used, so importing one part of the package does not import them all.
 """
@@ -36,6 +37,7 @@ _PUBLIC = {
     "Reply": "agentbatch.model.base",
     "ModelCallError": "agentbatch.model.base",
     "ScriptedModel": "agentbatch.model.scripted",
+    "Rollouts": "agentbatch.rollouts",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -67,6 +67,11 @@ def _parse(line: bytes, number: int) -> tuple[Entry | None, str | None]:
         return None, f"not valid JSON ({e.msg} at column {e.colno})"
     except RecursionError:  # e.g. a line of 100,000 "[": json recurses once per level
         return None, "not valid JSON (nested too deeply)"
+    return entry_of(row, number)
+
+
+def entry_of(row: object, number: int) -> tuple[Entry | None, str | None]:
+    """A row (a line's JSON, or a Python caller's dict) as an Entry, or why it is not a valid one."""
     if not isinstance(row, dict):
         return None, f"a JSON {_json_type(row)}, not an object"
     if "prompt" not in row:

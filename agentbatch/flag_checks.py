@@ -193,6 +193,16 @@ def header_safe(source: str, key: Any) -> str | None:
     return None if key is None else str(key)
 
 
+def label(name: str, value: Any) -> str | None:
+    """A short label (--policy_version): printable text of at most 200 characters, or None."""
+    if value is None:
+        return None
+    text = str(value)
+    if not text or len(text) > 200 or not text.isprintable():
+        raise FatalError(f"--{name} must be printable text of 1 to 200 characters")
+    return text
+
+
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]+", re.ASCII)
 _URL_UNSAFE = re.compile(r"[^\x21-\x7e]", re.ASCII)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentbatch import flag_checks as check
+import agentbatch.flag_checks as check
 from agentbatch.errors import FatalError
 from agentbatch.export import check_formats
 from agentbatch.model import numbers
@@ -408,7 +408,9 @@ FLAGS: tuple[Flag, ...] = (
     _t(
         "policy_version",
         None,
-        "a label of the policy the model serves, recorded on every model call of the sample's `tokens`",
+        "a label of the policy the model serves, recorded on every sample (its line's `policy_version`) and on "
+        "every model call of its `tokens` (docs/rollouts.md)",
+        check.label,
         group="model",
     ),
     Flag("seed", None, "reproducible toolset sampling, whatever the scheduling", _seed, kind=int, group="run"),
@@ -477,6 +479,8 @@ FLAGS: tuple[Flag, ...] = (
     _t("docker_memory", "1g", "container memory limit (no swap beyond it)", check.docker_memory, group="sandbox"),
     Flag("docker_cpus", 1.0, "container CPU limit", check.number(0.01, 1024, "a number of CPUs"), group="sandbox"),
     Flag("docker_pids", 256, "container process limit", _int(1, MAX_PIDS), group="sandbox"),
+    _t("host", "127.0.0.1", "`serve`: the address it listens on (beyond loopback only with a token)", group="serve"),
+    Flag("port", 8470, "`serve`: the port it listens on (0: any free one)", _int(0, 65535), group="serve"),
     _t(
         "ray_address",
         None,

@@ -10,12 +10,14 @@ the sample.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
 from agentbatch.model.usage import Usage
 
 TIME_LIMIT_MESSAGE = "not run: the sample's time limit was reached"
+CANCELLED = "cancelled: its rollouts' caller stopped them"
 
 
 @dataclass(frozen=True)
@@ -30,14 +32,24 @@ class PromptLimits:
 class SampleLimits:
     """One running sample's limits: its deadline, and the usage its token and cost limits are checked against."""
 
-    def __init__(self, limits: PromptLimits | None = None, usage: Usage | None = None, start: float | None = None):
+    def __init__(
+        self,
+        limits: PromptLimits | None = None,
+        usage: Usage | None = None,
+        start: float | None = None,
+        cancelled: threading.Event | None = None,
+    ):
         self.limits = limits or PromptLimits()
         self.usage = usage if usage is not None else Usage()
         start = time.monotonic() if start is None else start
         self.deadline: float | None = None if self.limits.seconds is None else start + self.limits.seconds
+        # Set when the sample's caller cancels it (a rollouts client gone): from then on its deadline has passed.
+        self.cancelled = cancelled or threading.Event()
 
     def time_left(self) -> float | None:
-        """Seconds until the deadline (0 once passed); None without a time limit."""
+        """Seconds until the deadline (0 once passed or cancelled); None without a time limit."""
+        if self.cancelled.is_set():
+            return 0.0
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
     def cap(self, seconds: float) -> float:
@@ -46,7 +58,7 @@ class SampleLimits:
         return seconds if left is None else min(seconds, left)
 
     def expired(self) -> bool:
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        return self.cancelled.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline)
 
     def reached(self) -> str | None:
         """The limit that forbids another model call: "time", "tokens" or "cost"; None while none does."""

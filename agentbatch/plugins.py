@@ -29,7 +29,8 @@ import traceback
 from collections.abc import Iterable
 from types import ModuleType
 
-from agentbatch import entry_points, registry
+import agentbatch.entry_points as entry_points
+import agentbatch.registry as registry
 from agentbatch.errors import FatalError
 
 GROUPS = ("batch_runner.tools", "batch_runner.sandboxes", "batch_runner.datasets", "batch_runner.models")

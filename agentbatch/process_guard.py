@@ -22,7 +22,7 @@ import signal
 import sys
 from collections.abc import Iterable
 
-from agentbatch import secrets_guard
+import agentbatch.secrets_guard as secrets_guard
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4

@@ -12,7 +12,7 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
-from agentbatch import plugins
+import agentbatch.plugins as plugins
 from agentbatch.errors import FatalError
 from agentbatch.sandboxes.base import SandboxSpec
 from agentbatch.secrets_guard import Redactor

@@ -22,8 +22,11 @@ import tempfile
 from contextlib import ExitStack, closing
 from typing import Any
 
-from agentbatch import flag_checks as check
-from agentbatch import plugins, process_guard, run_tools, secrets_guard
+import agentbatch.flag_checks as check
+import agentbatch.plugins as plugins
+import agentbatch.process_guard as process_guard
+import agentbatch.run_tools as run_tools
+import agentbatch.secrets_guard as secrets_guard
 from agentbatch.errors import FatalError
 from agentbatch.executors import capacity
 from agentbatch.executors.base import Executor
@@ -83,9 +86,13 @@ class Runtime:
         self.base_url, self.model = self._serve_model()
         key = model_key(s, self.base_url, self.model)
         guard_process(key)
-        self.run_dir, self.session_id = s.run.run_dir, new_session_id()
-        labels = owner_labels(self.run_dir, self.session_id)
-        spec = SandboxSpec(sandbox, run_name=s.run.run_name, labels=dict(labels))  # the MCP servers' sandboxes
+        self.session_id = new_session_id()
+        # A Python caller's rollouts may have no run directory (rollouts.py): nothing is written then, and its
+        # sandboxes are labelled with a directory no run has, so no session ever reaps them but its own.
+        self.run_dir = s.run.run_dir if s.run.run_name is not None else ""
+        owner = self.run_dir or os.path.join(tempfile.gettempdir(), f"br-rollouts-{self.session_id}")
+        labels = owner_labels(owner, self.session_id)
+        spec = SandboxSpec(sandbox, run_name=self.run_name, labels=dict(labels))  # the MCP servers' sandboxes
         own_tools, self.distribution = prepare_tools(s, spec)
         check_outputs(s, own_tools, self.run_dir)
         self.secrets = (key, *withdrawn.values(), *tools.secrets(), *own_tools.secrets())
@@ -96,7 +103,13 @@ class Runtime:
         sandbox = dataclasses.replace(sandbox, starts=sandbox_starts(s.scale.sandbox_starts, self.plan.processes))
         states = self._final_state_dir()
         self.cfg = run_config(s, model, tools, sandbox, own_tools, labels, self.secrets, states)
+        self.cfg = dataclasses.replace(self.cfg, run_name=self.run_name)
         self.priced = s.budget.priced or reports_cost(self.base_url)
+
+    @property
+    def run_name(self) -> str:
+        """--run_name; "rollouts" for a Python caller's rollouts without a run directory."""
+        return self.settings.run.run_name or "rollouts"
 
     def _serve_model(self) -> tuple[str, str]:
         """(base_url, model): the embedded model served on loopback until the Runtime ends, else the flags'."""

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 import traceback
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from agentbatch import sample_state, verification
+import agentbatch.sample_state as sample_state
+import agentbatch.verification as verification
 from agentbatch.agent_loop import run_agent
-from agentbatch.limits import SampleLimits
+from agentbatch.limits import CANCELLED, SampleLimits
 from agentbatch.model import cache
 from agentbatch.model import registry as models
 from agentbatch.model.base import Model, ModelCallError
@@ -63,6 +66,31 @@ def new_session_id() -> str:
     return f"br-{secrets.token_hex(8)}"
 
 
+class WorkerClients:
+    """A worker's Clients for each model its samples name: the run's, and the few a Python caller pointed the
+    run at since (Rollouts.update: another model, endpoint or policy label), without restarting the worker."""
+
+    KEPT = 4  # models besides the run's whose connections are kept
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.run_clients = Clients.for_config(cfg)
+        self._others: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def run(self, task: SampleTask, cancelled: threading.Event | None = None) -> SampleOutcome:
+        """Run the sample with the model it names (the run's when it names none)."""
+        if task.model is None or task.model == self.cfg.model:
+            return run_sample(task, self.cfg, self.run_clients, cancelled)
+        cfg = replace(self.cfg, model=task.model)
+        with self._lock:
+            clients = self._others.pop(task.model, None) or Clients.for_config(cfg)
+            self._others[task.model] = clients
+            while len(self._others) > self.KEPT:
+                self._others.popitem(last=False)
+        return run_sample(task, cfg, clients, cancelled)
+
+
 # --require_pass: why a sample that did not pass was discarded, by its check's status.
 DISCARD_REASONS = {"failed": "check_failed", "timeout": "check_timeout", "error": "check_error", "none": "no_check"}
 
@@ -79,8 +107,11 @@ def sandbox_spec(task: SampleTask, cfg: RunConfig) -> SandboxSpec:
     )
 
 
-def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutcome:
-    """Run one sample; never raises: every problem becomes a failed outcome with its reason."""
+def run_sample(
+    task: SampleTask, cfg: RunConfig, clients: Clients, cancelled: threading.Event | None = None
+) -> SampleOutcome:
+    """Run one sample; never raises: every problem becomes a failed outcome with its reason. `cancelled`, once set,
+    ends it at its next model call or tool (its sandbox removed as always), a failed outcome saying so."""
     start = time.monotonic()
     usage = Usage(prices=cfg.prices)
     outcome = SampleOutcome(task.index, task.prompt, task.batch_num, "failed", sample_index=task.sample_index)
@@ -91,9 +122,11 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
         spec = sandbox_spec(task, cfg)
         if task.unavailable:  # its image could not be made: it fails before any model call
             raise SandboxError(task.unavailable)
+        if cancelled is not None and cancelled.is_set():
+            raise ModelCallError(CANCELLED)
         sandbox_backends.get(spec.kind).prepare(spec)  # before any model call: an absent image costs no tokens
         seconds = task.limits.prompt_timeout if task.limits.prompt_timeout is not None else cfg.limits.seconds
-        limits = SampleLimits(replace(cfg.limits, seconds=seconds), usage)  # counts from here, after the image check
+        limits = SampleLimits(replace(cfg.limits, seconds=seconds), usage, cancelled=cancelled)  # from here
         ctx = ToolContext(cfg.tools, spec, clients.chat, usage, clients.images, limits, redact=Redactor(cfg.secrets))
         check_timeout = task.limits.check_timeout if task.limits.check_timeout is not None else cfg.check_timeout
         hooked = HookContext(ctx, cfg.model.model, check_timeout)
@@ -108,6 +141,8 @@ def run_sample(task: SampleTask, cfg: RunConfig, clients: Clients) -> SampleOutc
         )
         if ctx.sandbox_error is not None:
             raise ctx.sandbox_error
+        if limits.cancelled.is_set():
+            raise ModelCallError(CANCELLED)
         if cfg.keep_final_state:  # as the agent left it, before the check changes anything
             outcome.final_state = sample_state.keep(ctx, spec, cfg.final_state_dir)
         # In the same sandbox, before ctx.close() removes it.
@@ -164,4 +199,5 @@ def _record(task: SampleTask, cfg: RunConfig, result, usage: Usage, outcome: dic
         duration_seconds=seconds,
         token_ids=recorder is not None,
         tokens=recorder.tokens() if recorder is not None else None,
+        policy_version=cfg.model.policy_version,
     )

@@ -53,7 +53,7 @@ class TokenRecorder:
         exact = [c.tokens for c in self.calls]
         if all(t is not None and t.prompt is not None for t in exact):
             return build(exact, [c.policy_version for c in self.calls], "endpoint")
-        from agentbatch import retokenize  # transformers, only for endpoints that send no ids
+        import agentbatch.retokenize as retokenize  # transformers, only for endpoints that send no ids
 
         ids = retokenize.calls(self.tokenizer, self.calls)
         if ids is None:

@@ -73,6 +73,28 @@ class SessionSettings:
     at_end: Callable[[int], int] | None = None
 
 
+def sample_task(e: Entry, index: int, sample: int, batch: int, toolsets: list[str]) -> SampleTask:
+    """The sample of an entry handed to a worker: its index (the line's prompt_index), batch and toolsets."""
+    return SampleTask(
+        index,
+        e.prompt,
+        batch,
+        toolsets,
+        e.image,
+        e.cwd,
+        sample,
+        e.setup,
+        e.verify,
+        e.answers,
+        e.identity,
+        metadata=e.metadata,
+        resources=e.resources,
+        limits=e.limits,
+        hooks=e.hooks,
+        unavailable=e.unavailable,
+    )
+
+
 class _WriteFailed(Exception):
     """Writing a file of the run directory failed (disk full, directory gone): not any other OSError."""
 
@@ -110,6 +132,32 @@ class Session:
                 return code
             executor.close()  # every sample came back: its workers need not outlive the session into the export
             return self.s.at_end(code)
+
+    # A Python caller's rollouts (rollout_run.py) record into a run directory through these three: the
+    # session's start, each outcome as it arrives, and its end; it holds the lock (`lock`) in between.
+    def lock(self) -> contextlib.AbstractContextManager:
+        """The run directory's lock, held by this session."""
+        return session_lock(self.files.paths, self.session_id, now_iso())
+
+    def begin(self) -> list[tuple[int, Entry, int]]:
+        """The session's start (refusal of another run, tools.json, dead sessions' sandboxes): what is left."""
+        return self._start()
+
+    def record(self, outcome: SampleOutcome, task: SampleTask | None) -> None:
+        """An outcome's line written (raises OSError), its spend counted."""
+        self.recorder.record(outcome, task)
+        if self.budget is not None:
+            self.budget.add(outcome.usage)
+
+    def batch(self, number: int) -> int:
+        """The batch file of the `number`th sample handed out this session."""
+        return self._first_batch + number // self.s.batch_size
+
+    def end(self, state: str) -> dict:
+        """The session's end: sandboxes left behind removed, checkpoint, merge, statistics (raises OSError)."""
+        self._kinds |= self.s.cfg.sandbox.kinds(images=any(e.image for e in self.s.entries))  # the entries given since
+        self._reap(self._kinds, "that outlived their prompts")
+        return self._finish(state)
 
     def _run(self, executor: Executor) -> int:
         remaining = self._start()
@@ -172,7 +220,11 @@ class Session:
             print(s.sandbox_note, file=sys.stderr)
         samples, total = s.samples_per_prompt, len(s.entries) * s.samples_per_prompt
         what = f"{len(s.entries)} prompts × {samples} samples" if samples > 1 else f"{total} prompts"
-        print(f"{what}, {total - len(remaining)} already done, {len(remaining)} to run -> {paths.dir}", file=sys.stderr)
+        if s.entries:  # a caller's rollouts give their tasks later: rollout_run.py says where they go
+            print(
+                f"{what}, {total - len(remaining)} already done, {len(remaining)} to run -> {paths.dir}",
+                file=sys.stderr,
+            )
         if s.budget.active:
             self.budget = Budget(s.budget, reader.spend())
             if remaining and not self.budget.may_start(0):  # already spent: no workers to start
@@ -199,25 +251,8 @@ class Session:
             # Drawn from the prompt's index alone: every sample of a prompt gets the same tools, so its
             # samples differ only by the model's own variation (what pass@k measures).
             toolsets = sample_toolsets(s.distribution, prompt_rng(s.seed, i))
-            batch = self._first_batch + j // s.batch_size
-            task = SampleTask(
-                i,
-                e.prompt,
-                batch,
-                toolsets,
-                e.image,
-                e.cwd,
-                sample,
-                e.setup,
-                e.verify,
-                e.answers,
-                e.identity,
-                metadata=e.metadata,
-                resources=e.resources,
-                limits=e.limits,
-                hooks=e.hooks,
-                unavailable=e.unavailable,
-            )
+            batch = self.batch(j)
+            task = sample_task(e, i, sample, batch, toolsets)
             self._in_flight[task.key] = task
             self.view.started(task.key)
             yield task

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from agentbatch import flags, plugins
+import agentbatch.flags as flags
+import agentbatch.plugins as plugins
 from agentbatch.errors import FatalError
 from agentbatch.limits import PromptLimits, TimeoutBounds
 from agentbatch.model import registry as models
@@ -70,7 +71,7 @@ class ModelFlags:
     logprobs: bool
     token_ids: bool
     tokenizer: str | None
-    policy_version: str | None
+    policy_version: str | None  # a label of the policy served (a training step's), recorded on every sample
     ephemeral_system_prompt: str | None
     prefill_messages: list[dict]  # --prefill_messages_file's messages, read and checked
     cache: bool  # calls answered from the model-call cache (model/cache.py) when they can be
@@ -209,6 +210,14 @@ class OutputFlags:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ServeFlags:
+    """`batch_runner.py serve` (docs/rollouts.md): where it listens."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """Every flag's checked value, by concern (each group's fields are the flags that name it in flags.FLAGS)."""
 
@@ -221,6 +230,7 @@ class Settings:
     budget: BudgetFlags
     scale: ScaleFlags
     output: OutputFlags
+    serve: ServeFlags
     given: frozenset[str] = frozenset()  # the flags given (on the command line, or as keywords), not defaulted
 
     def timeout_bounds(self) -> TimeoutBounds:

@@ -70,11 +70,19 @@ class SampleTask:
     limits: TaskLimits = TaskLimits()  # its own, bounded by the run's flags; None: the flag
     hooks: TaskHooks | None = None  # its format's part before the agent and in the check (task_hooks.py)
     unavailable: str | None = None  # why it cannot run: it fails before any model call
+    model: ModelSettings | None = None  # its own model (a Python caller's Rollouts.update); None: the run's
 
     @property
     def key(self) -> tuple[int, int]:
         """What tells this sample from the others in flight: (prompt index, sample index)."""
         return self.index, self.sample_index
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Sent to a worker: the samples of these keys end at their next model call or tool (or never start)."""
+
+    keys: tuple[tuple[int, int], ...]
 
 
 @dataclass

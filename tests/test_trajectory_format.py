@@ -239,3 +239,20 @@ def test_every_stop_reason_is_documented_where_users_read_them():
     page = (Path(__file__).resolve().parents[1] / "docs" / "output.md").read_text(encoding="utf-8")
     for reason in STOP_REASONS:
         assert f"`{reason}`" in page, f"stop reason {reason} is not described in docs/output.md"
+
+
+def test_a_policy_label_first_seen_in_the_last_line_still_loads(lines, tmp_path, monkeypatch):
+    # A Python caller's rollouts label their samples once it sets a policy_version (docs/rollouts.md): the label
+    # may first appear on a run's last line. The merge leads with it, so datasets types the column from it.
+    from agentbatch.run_dir.files import RunFiles
+    from agentbatch.run_dir.merge import merge
+
+    _, records = lines
+    half = len(records) // 2
+    files = RunFiles(str(tmp_path / "run"))
+    files.prepare()
+    _rewrite(records[:half], files.paths.batch(0))
+    _rewrite([*records[half:-1], dict(records[-1], policy_version="step-3")], files.paths.batch(1))
+    merge(files)
+    ds = _load(files.paths.path("trajectories.jsonl"), tmp_path, monkeypatch, chunksize=CHUNK)
+    assert ds.num_rows == N_LINES and ds["policy_version"].count("step-3") == 1

@@ -23,6 +23,15 @@ class Executor(Protocol):
     ) -> Iterator[SampleOutcome]:
         """Yield outcomes as samples finish; after `stop` is set, or while `admit()` is False, none is handed out."""
 
+    def wake(self) -> None:
+        """Tasks may be had, or admitted, now: a running `run` asks for them without waiting for its next poll."""
+
+    def cancel(self, keys: Iterable[tuple[int, int]]) -> None:
+        """End the samples of these keys in flight at their next model call or tool; their outcomes still come."""
+
+    def kill(self) -> None:
+        """From another thread than run's: the workers holding samples die now, their samples failed."""
+
     def close(self) -> None:
         """Stop at once (a second Ctrl-C, a write failure): workers holding samples are killed, not awaited."""
 

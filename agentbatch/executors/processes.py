@@ -24,11 +24,13 @@ import threading
 from collections.abc import Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 
-from agentbatch import plugins, process_guard, run_tools
+import agentbatch.plugins as plugins
+import agentbatch.process_guard as process_guard
+import agentbatch.run_tools as run_tools
 from agentbatch.executors.base import Admit, Slots, lost
-from agentbatch.sample_runner import Clients, run_sample
+from agentbatch.sample_runner import WorkerClients
 from agentbatch.tools.registry import load_tools
-from agentbatch.work import RunConfig, SampleOutcome, SampleTask
+from agentbatch.work import Cancel, RunConfig, SampleOutcome, SampleTask
 
 _POLL_SECONDS = 0.5
 _STOP = None  # the message that tells a worker's threads to finish
@@ -44,19 +46,22 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
     _name_process("br-worker")
     plugins.load(cfg.plugins)  # a forked worker has them already; a spawned one imports them here
     run_tools.install(cfg.tool_set)  # the MCP servers' tools, as the runner listed them at start
-    clients = Clients.for_config(cfg)  # one connection per thread, one TLS context for all
+    clients = WorkerClients(cfg)  # one connection per thread, one TLS context for all
     # The imported modules are tens of thousands of objects that live as long as the process; a full
     # collection walks them all and pauses every thread of the worker (bench/RESULTS.md).
     gc.freeze()
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     give, count = threading.Lock(), threading.Lock()
     waiting = [0]  # threads between samples, each about to take one from the inbox
+    cancels: dict[tuple[int, int], threading.Event] = {}  # every sample received and not yet done
 
     def run(task: SampleTask) -> bool:
         try:
-            outcome = run_sample(task, cfg, clients)
+            outcome = clients.run(task, cancels.get(task.key))
         except BaseException as e:  # it never raises; were it to, the sample fails rather than stays in flight
             outcome = lost(task, f"internal error: {type(e).__name__}: {e}")
+        with count:
+            cancels.pop(task.key, None)
         try:
             with give:
                 results.send(outcome)
@@ -80,7 +85,14 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
             task = _STOP
         if task is _STOP:
             break
+        if isinstance(task, Cancel):
+            with count:
+                for key in task.keys:
+                    if key in cancels:
+                        cancels[key].set()
+            continue
         with count:
+            cancels[task.key] = threading.Event()
             idle = waiting[0] > 0
             waiting[0] -= idle
         if idle or len(pool) >= threads:
@@ -128,6 +140,7 @@ class _Worker:
 
     def __init__(self, ctx, cfg: RunConfig, threads: int, inherited: list[Connection]):
         task_end, self.tasks = mp.Pipe(duplex=False)
+        self.sending = threading.Lock()  # a cancel may be sent from another thread than the tasks
         self.results, result_end = mp.Pipe(duplex=False)
         forked = ctx.get_start_method() == "fork"
         own = [*inherited, self.tasks, self.results] if forked else []
@@ -141,7 +154,8 @@ class _Worker:
 
     def send(self, task) -> None:
         try:
-            self.tasks.send(task)
+            with self.sending:
+                self.tasks.send(task)
         except OSError:  # it died: its sentinel says so, and the samples it held are failed then
             pass
 
@@ -162,6 +176,9 @@ class LocalExecutor:
         single = threading.active_count() == 1 and sys.platform == "linux"
         ctx = mp.get_context("fork") if single else self._spawn
         load_tools()  # imported once here, inherited by every forked worker
+        # What ends the wait for outcomes at once when more tasks can be had (a Python caller's, wake()).
+        self._woken, self._waker = mp.Pipe(duplex=False)
+        self._slots: Slots | None = None
         # Whatever exists now lives as long as the run: no collection, here or in a forked worker, need walk it
         # (nor touch its pages, which the workers share with this process until written).
         gc.freeze()
@@ -192,15 +209,41 @@ class LocalExecutor:
         if not self._closed:
             self._closed = True
             _join(self.workers)
+            self._woken.close()
+            self._waker.close()
+
+    def wake(self) -> None:
+        """More tasks may be had, or may be admitted now: the running loop asks at once, not at its next poll."""
+        with contextlib.suppress(OSError):
+            self._waker.send_bytes(b"")
+
+    def cancel(self, keys: Iterable[tuple[int, int]]) -> None:
+        """End these samples in flight at their next model call or tool (their outcomes still come back)."""
+        slots, by_worker = self._slots, {}
+        if slots is None:
+            return
+        for key in keys:
+            for i, held in enumerate(list(slots.held)):
+                if key in held:
+                    by_worker.setdefault(i, []).append(key)
+        for i, held_keys in by_worker.items():
+            self.workers[i].send(Cancel(tuple(held_keys)))
+
+    def kill(self) -> None:
+        """Kill the workers holding samples now (from any thread): the running loop fails exactly those samples."""
+        slots = self._slots
+        for i, w in enumerate(list(self.workers)):
+            if slots is None or slots.held[i]:
+                w.process.kill()
 
     def _parent_ends(self) -> list[Connection]:
-        return [c for w in self.workers for c in (w.tasks, w.results)]
+        return [self._woken, self._waker, *(c for w in self.workers for c in (w.tasks, w.results))]
 
     def _outcomes(
         self, tasks: Iterable[SampleTask], stop: threading.Event, admit: Admit | None
     ) -> Iterator[SampleOutcome]:
         workers = self.workers
-        slots = Slots(len(workers), self.threads, total=self.slots)
+        slots = self._slots = Slots(len(workers), self.threads, total=self.slots)
         pending = iter(tasks)
         exhausted = False
         try:
@@ -209,7 +252,11 @@ class LocalExecutor:
                     exhausted = slots.fill(pending, lambda w, task: workers[w].send(task), admit)
                 if not slots.busy and (exhausted or stop.is_set()):
                     return
-                ready = set(wait([w.results for w in workers] + [w.process.sentinel for w in workers], _POLL_SECONDS))
+                watched = [w.results for w in workers] + [w.process.sentinel for w in workers] + [self._woken]
+                ready = set(wait(watched, _POLL_SECONDS))
+                if self._woken in ready:
+                    while self._woken.poll():
+                        self._woken.recv_bytes()
                 for i, w in enumerate(list(workers)):
                     dead = w.process.sentinel in ready
                     if w.results in ready or dead:

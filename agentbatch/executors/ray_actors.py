@@ -28,9 +28,11 @@ from collections.abc import Iterable, Iterator
 import ray
 from ray.exceptions import RayActorError, RayError
 
-from agentbatch import plugins, process_guard, run_tools
+import agentbatch.plugins as plugins
+import agentbatch.process_guard as process_guard
+import agentbatch.run_tools as run_tools
 from agentbatch.executors.base import Admit, Slots, lost
-from agentbatch.sample_runner import Clients, run_sample
+from agentbatch.sample_runner import WorkerClients
 from agentbatch.work import RunConfig, SampleOutcome, SampleTask
 
 _POLL_SECONDS = 0.5
@@ -45,10 +47,10 @@ class SampleActor:
         self.cfg = cfg
         plugins.load(cfg.plugins)  # the files a run named must exist on the actor's node too
         run_tools.install(cfg.tool_set)  # the MCP servers' tools, as the runner listed them at start
-        self.clients = Clients.for_config(cfg)
+        self.clients = WorkerClients(cfg)
 
     def run(self, task: SampleTask) -> SampleOutcome:
-        return run_sample(task, self.cfg, self.clients)
+        return self.clients.run(task)
 
     @ray.method(concurrency_group="control")  # answers even while every slot is busy
     def pid(self) -> int:
@@ -71,6 +73,15 @@ class RayExecutor:
     ) -> Iterator[SampleOutcome]:
         self._running = self._outcomes(tasks, stop, admit)
         return self._running
+
+    def wake(self) -> None:
+        """Tasks that can be had now are asked for at the next poll (every _POLL_SECONDS)."""
+
+    def cancel(self, keys) -> None:
+        """Not on Ray: a cancelled sample's outcome comes back when it ends as it would have."""
+
+    def kill(self) -> None:
+        """On Ray the actors are killed when the run's loop ends (close)."""
 
     def close(self) -> None:
         if self._running is not None:

@@ -97,7 +97,7 @@ def web_search(
     s = ctx.settings
     if s.search_backend is None:
         return {"results": [], "error": s.search_unavailable}
-    from agentbatch import http_deadline
+    import agentbatch.http_deadline as http_deadline
 
     left = ctx.limits.time_left()  # every attempt and pause of the search ends by the sample's deadline
     try:
@@ -116,7 +116,7 @@ def _send(method: str, url: str, timeout: float, **kwargs) -> dict:
     """
     import httpx
 
-    from agentbatch import http_deadline
+    import agentbatch.http_deadline as http_deadline
 
     attempts = 3
     for attempt in range(attempts):
@@ -144,7 +144,7 @@ def _send(method: str, url: str, timeout: float, **kwargs) -> dict:
 
 def _pause(seconds: float) -> bool:
     """Sleep before a retry, unless the caller's deadline comes first (then False: no retry)."""
-    from agentbatch import http_deadline
+    import agentbatch.http_deadline as http_deadline
 
     left = http_deadline.remaining()
     if left is not None and left <= seconds:
@@ -221,7 +221,7 @@ def fetch(url: str, allowed: Networks, timeout: float, max_bytes: int) -> tuple[
     within `timeout` (http_deadline): a page trickling a byte a second cannot hold the tool.
     """
 
-    from agentbatch import http_deadline
+    import agentbatch.http_deadline as http_deadline
 
     with (
         http_deadline.client(timeout=timeout, follow_redirects=False, headers={"User-Agent": USER_AGENT}) as client,
