@@ -182,3 +182,27 @@ def test_a_compose_tasks_lines_carry_main_image_and_export(tmp_path, compose_bin
     line = by_task(RunDir(out / docker_run_name).trajectories())["web"]
     assert line["task"]["image"] == BUSYBOX and line["passed"]
     assert list((out / docker_run_name / "export" / "parquet").rglob("*.parquet"))
+
+
+def test_a_budget_stops_compose_tasks_and_a_resume_runs_each_left_once(tmp_path, compose_binary, docker_run_name):
+    """--budget_tokens on tasks of several containers: the budget holds as on any task (no sample starts past it,
+    the projects of those that ran are removed), and --resume runs each task left exactly once."""
+    root = tmp_path / "tasks"
+    for name in ("web-a", "web-b", "web-c"):
+        write_task(root, name, CHECK_PAGE, FETCHES, compose=WEB_TASK)
+    out = tmp_path / "out"
+    run_dir = out / docker_run_name
+    flags = ("--require_reasoning=false", "--concurrency=1", "--max_retries=0")
+    with ScriptedServer(default_script=[answer("done")]) as srv:
+        stopped = harbor_run(root, out, docker_run_name, *flags, "--budget_tokens=20", server=srv)
+        first = len(srv.requests())
+        again = harbor_run(root, out, docker_run_name, *flags, "--resume", "--budget_tokens=100000", server=srv)
+        prompts = [r["messages"][-1]["content"] for r in srv.requests()]
+
+    assert stopped.returncode == 4, stopped.stderr
+    assert again.returncode == 0, again.stderr
+    assert 1 <= first < 3  # stopped before every task ran
+    assert sorted(prompts) == sorted((root / n / "instruction.md").read_text() for n in ("web-a", "web-b", "web-c"))
+    lines = RunDir(run_dir).trajectories()
+    assert sorted(r["task"]["name"] for r in lines) == ["web-a", "web-b", "web-c"]  # each once
+    assert nothing_left(run_dir), labelled(run_dir)
