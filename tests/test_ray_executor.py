@@ -66,6 +66,8 @@ def comparable(path: Path) -> list[dict]:
         record = json.loads(line)
         record["metadata"].pop("timestamp")
         record.pop("duration_seconds")
+        for check in record["checks"]:  # when each check ended: a time, as the line's timestamp is
+            check.pop("checked_at")
         out.append(record)
     return sorted(out, key=lambda r: r["prompt_index"])
 
