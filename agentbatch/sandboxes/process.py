@@ -65,6 +65,9 @@ def _serve(inbox: queue.SimpleQueue) -> None:
             done.set_exception(e)
 
 
+STDERR_SETTLE = 2.0  # seconds stderr() waits, once, for an exited process's pipe to be read to its end
+
+
 class PipeProcess:
     """A Process (base.Process) over a child's pipes; `end(popen)` kills it and everything it started."""
 
@@ -76,6 +79,7 @@ class PipeProcess:
         self._errors = BoundedOutput()
         self._lock = threading.Lock()
         self._ended = False
+        self._settled = False  # stderr() has waited for the pipe's end after the exit
         # Drained all along: a process whose stderr pipe filled up would stop.
         self._drain = threading.Thread(target=self._read_stderr, name="sandbox-stderr", daemon=True)
         self._drain.start()
@@ -93,6 +97,12 @@ class PipeProcess:
                 self._errors.add(data)
 
     def stderr(self) -> str:
+        """What it wrote to stderr (bounded). Once it has exited, what its pipe still held is read first: the
+        reading thread lags behind on a busy machine (waited for once, at most STDERR_SETTLE seconds, since
+        something it started may hold the pipe open)."""
+        if not self._settled and self._popen.poll() is not None:
+            self._drain.join(timeout=STDERR_SETTLE)
+            self._settled = True
         with self._lock:
             return self._errors.text()
 
