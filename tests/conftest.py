@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from conftest_docker import docker_images, docker_run_name, leftover_containers  # noqa: F401
+from conftest_docker import compose_binary, docker_images, docker_run_name, leftover_containers  # noqa: F401
 
 from agentbatch import plugins
 

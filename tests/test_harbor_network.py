@@ -10,8 +10,6 @@ import pytest
 from cli_helpers import RunDir, run_cli_wrapped
 from harbor_helpers import BUSYBOX, FETCH, WEB, by_task, harbor_run, labelled, nothing_left, write_task
 
-from agentbatch.sandboxes import compose
-
 pytestmark = pytest.mark.docker
 
 # Two hosts of the test's own, on an internal network of the task (nothing outside this machine is ever asked).
@@ -52,14 +50,6 @@ def policy_task(root, name: str, agent: str, verifier: str, environment="", agen
         f"[environment]\n{environment}" if environment else ""
     )
     return write_task(root, name, TEST, SOLVE, toml=toml, compose=HOSTS)
-
-
-@pytest.fixture(scope="module")
-def compose_binary(docker_images) -> str:
-    why = compose.unavailable()
-    if why:
-        pytest.fail(f"these tests need Docker Compose v2: {why}")
-    return compose.binary()
 
 
 def test_an_allowlist_reaches_its_host_refuses_the_other_and_each_phase_gets_its_own(

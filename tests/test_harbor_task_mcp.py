@@ -13,8 +13,6 @@ from harbor_helpers import BUSYBOX, by_task, harbor_run, labelled, nothing_left,
 from mcp_helpers import BUSYBOX_SERVER, HERE
 from scripted_server import ScriptedServer
 
-from agentbatch.sandboxes import compose
-
 pytestmark = pytest.mark.docker
 
 CGI_SERVER = HERE / "mcp_servers" / "busybox_cgi.sh"
@@ -23,14 +21,6 @@ MCP_SERVICE = {
     "command": ["httpd", "-f", "-p", "8080", "-h", "/www"],
     "healthcheck": {"test": ["CMD", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:8080/"], "interval": "1s"},
 }
-
-
-@pytest.fixture(scope="module")
-def compose_binary(docker_images) -> str:
-    why = compose.unavailable()
-    if why:
-        pytest.fail(f"these tests need Docker Compose v2: {why}")
-    return compose.binary()
 
 
 def test_a_tasks_stdio_and_http_servers_are_offered_to_its_samples(tmp_path, compose_binary, docker_run_name):
