@@ -83,7 +83,7 @@ class _Nsenter:
     def __init__(self):
         self.box = _bwrap("bwrap")
         self.box.exec("true", 30)  # its shell is up: PID 1 of the namespaces to enter
-        monitor = self.box._shell._proc.pid
+        monitor = self.box._shell.current._proc.pid
         with open(f"/proc/{monitor}/task/{monitor}/children") as f:
             self.target = f.read().split()[0]
 
