@@ -51,6 +51,7 @@ def tool_run(n: int, conc: int, latency: float, sandbox: str, extra: tuple[str, 
             srv.base_url,
             f"--concurrency={conc}",
             f"--sandbox={sandbox}",
+            f"--max_turns={max(10, calls)}",  # the default 10 model calls would end (24)'s samples a call early
             *extra,
         )
         seen = srv.timings()
