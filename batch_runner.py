@@ -74,8 +74,8 @@ def serve(argv: list[str]) -> None:
         print(
             "usage: batch_runner.py serve [--host=127.0.0.1] [--port=8470] [the run's flags]\n\n"
             "Rollouts over HTTP: POST /v1/rollouts streams one JSON line per finished group; GET /health.\n"
-            "Every request needs Authorization: Bearer $BATCH_RUNNER_TOKEN when it is set (needed beyond\n"
-            "loopback). The protocol and the Python API: docs/rollouts.md; the flags: --help without serve."
+            "Every request needs Authorization: Bearer $BATCH_RUNNER_TOKEN (it does not start without one).\n"
+            "The protocol and the Python API: docs/rollouts.md; the flags: --help without serve."
         )
         return
     values = command_line.keyword_values(argv)

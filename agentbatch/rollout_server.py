@@ -4,9 +4,10 @@
 answers 200 `application/x-ndjson`, chunked: one line per group as it finishes, `{"index", "task",
 "samples": [{"sample", "status", "error", "record", "reward", "tokens"}]}`, then `{"done": true, "groups": n,
 "failed": m}` (m: samples that failed); a line `{"error": ...}` ends a stream the rollouts could not finish.
-`GET /health` answers `{"status": "ok"}`. With BATCH_RUNNER_TOKEN set, every request needs `Authorization:
-Bearer <token>` (401 otherwise); without it the server listens on loopback only. A bad request gets a 400 with
-one line `{"error": ...}`. A client that disconnects cancels its call: samples not started never start,
+`GET /health` answers `{"status": "ok"}`. Every request needs `Authorization: Bearer <token>` with the token
+from BATCH_RUNNER_TOKEN (401 otherwise); without it set the server does not start, on loopback too: any local
+user could otherwise spend the endpoint's money and run commands in its sandboxes. A bad request gets a 400
+with one line `{"error": ...}`. A client that disconnects cancels its call: samples not started never start,
 running ones end at their next model call or tool and their sandboxes are removed.
 
 One Rollouts serves every request (its workers, sandboxes and model kept between them); each request is a
@@ -16,7 +17,6 @@ thread of the standard library's ThreadingHTTPServer, so requests overlap.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import os
 import select
@@ -43,19 +43,23 @@ class BadRequest(Exception):
 def serve(values: Mapping[str, Any]) -> int:
     """Serve the rollouts until interrupted (Ctrl-C, SIGTERM); the run's flags as for a CLI run."""
     token = os.environ.get(TOKEN_VARIABLE) or None  # read before the Runtime withdraws it with the credentials
+    if token is None:
+        raise FatalError(
+            f"serve needs {TOKEN_VARIABLE}, the token every request must carry as 'Authorization: Bearer <token>'"
+            f" (on loopback too); e.g. {TOKEN_VARIABLE}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
     rollouts = Rollouts(**values)
     host, port = rollouts.settings.serve.host, rollouts.settings.serve.port
-    if token is None and not _loopback(host):
-        raise FatalError(
-            f"--host={host} is beyond loopback: set {TOKEN_VARIABLE} to the token every request must carry"
-        )
     with rollouts:
         httpd = ThreadingHTTPServer((host, port), Handler)
         httpd.daemon_threads = True
         httpd.rollouts, httpd.token = rollouts, token  # type: ignore[attr-defined]
         where = f"http://{httpd.server_address[0]}:{httpd.server_address[1]}"
-        auth = "every request needs its bearer token" if token else f"no {TOKEN_VARIABLE}: no token asked (loopback)"
-        print(f"serving rollouts on {where}/v1/rollouts ({auth}); Ctrl-C stops", file=sys.stderr, flush=True)
+        print(
+            f"serving rollouts on {where}/v1/rollouts (every request needs its bearer token); Ctrl-C stops",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             httpd.serve_forever(poll_interval=0.2)
         except KeyboardInterrupt:
@@ -63,15 +67,6 @@ def serve(values: Mapping[str, Any]) -> int:
         finally:
             httpd.server_close()
     return 0
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_request(body: bytes) -> dict:
@@ -126,7 +121,7 @@ class Handler(BaseHTTPRequestHandler):
     def _authorized(self) -> bool:
         token = self.server.token
         given = self.headers.get("Authorization", "")
-        if token is None or hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             return True
         self._reply(401, {"error": "unauthorized: send Authorization: Bearer <the server's token>"})
         return False

@@ -103,9 +103,10 @@ def test_every_request_needs_the_token_and_bad_requests_get_one_line(tmp_path):
         assert srv.requests() == []
 
 
-def test_listening_beyond_loopback_without_a_token_is_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_without_a_token_it_does_not_start_on_loopback_or_beyond_in_one_line(tmp_path, host):
     done = subprocess.run(
-        cli_command(["serve", "--host=0.0.0.0", "--port=0", "--model=m", "--sandbox=local"]),
+        cli_command(["serve", f"--host={host}", "--port=0", "--model=m", "--sandbox=local"]),
         cwd=tmp_path,
         env={k: v for k, v in cli_env().items() if k != "BATCH_RUNNER_TOKEN"},
         capture_output=True,
@@ -114,6 +115,7 @@ def test_listening_beyond_loopback_without_a_token_is_refused_in_one_line(tmp_pa
     )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "BATCH_RUNNER_TOKEN" in done.stderr and "Traceback" not in done.stderr
+    assert "serving" not in done.stderr
 
 
 def test_a_client_that_disconnects_cancels_its_rollouts_and_frees_their_sandboxes(tmp_path):
