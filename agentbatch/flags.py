@@ -479,7 +479,7 @@ FLAGS: tuple[Flag, ...] = (
     _t("docker_memory", "1g", "container memory limit (no swap beyond it)", check.docker_memory, group="sandbox"),
     Flag("docker_cpus", 1.0, "container CPU limit", check.number(0.01, 1024, "a number of CPUs"), group="sandbox"),
     Flag("docker_pids", 256, "container process limit", _int(1, MAX_PIDS), group="sandbox"),
-    _t("host", "127.0.0.1", "`serve`: the address it listens on (every request needs BATCH_RUNNER_TOKEN)", group="serve"),
+    _t("host", "127.0.0.1", "`serve`: the address it listens on (each request needs the token)", group="serve"),
     Flag("port", 8470, "`serve`: the port it listens on (0: any free one)", _int(0, 65535), group="serve"),
     _t(
         "ray_address",

@@ -230,7 +230,7 @@ def run_first_command(words: str, quiet: tuple[float, float]) -> dict:
     return {
         "seconds": seconds,
         "load": (load_before, os.getloadavg()[0]),
-        "done": stats["prompts"]["done"],
+        "done": stats["samples"]["done"],
         "tokens": stats["tokens"]["total"],
         "given": given,
         "warnings": [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: the local model")],

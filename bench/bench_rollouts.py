@@ -96,14 +96,14 @@ def overhead(args, results: dict) -> None:
     with Server(latency) as srv:
         for i in range(2):
             cli = run_cli(f"rollouts_cli_{i}", dataset, srv.base_url, f"--concurrency={c}")
-            if cli["prompts"]["done"] != n:
-                raise RuntimeError(f"cli: {cli['prompts']}")
+            if cli["samples"]["done"] != n:
+                raise RuntimeError(f"cli: {cli['samples']}")
             cli_walls.append(cli["wall"])
             sessions.append(cli["run_seconds"])
             api = api_run(f"rollouts_api_{i}", dataset, srv.base_url, c)
             stats = json.loads((OUT / "runs" / f"rollouts_api_{i}" / "statistics.json").read_text())
-            if stats["prompts"]["done"] != n:
-                raise RuntimeError(f"api: {stats['prompts']}")
+            if stats["samples"]["done"] != n:
+                raise RuntimeError(f"api: {stats['samples']}")
             api_walls.append(api["wall"])
             firsts.append(api["lines"][-1]["first"])
             alls.append(api["lines"][-1]["all"])
