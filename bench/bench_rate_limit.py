@@ -67,7 +67,7 @@ def bench_rate_limit(results: dict, headers: bool = True) -> None:
             results,
             "rate_limit",
             f"(11{'' if headers else 'n'}) {label}, {N} one-call prompts, R = {RATE:g}/s{'' if headers else ' (Retry-After only)'}, "
-            f"concurrency {CONCURRENCY}: {r['prompts']['failed']} prompts failed ({r['rate_failures']} for 429); "
+            f"concurrency {CONCURRENCY}: {r['samples']['failed']} prompts failed ({r['rate_failures']} for 429); "
             f"{r['refused']} of {r['accepted'] + r['refused']} requests answered 429 ({r['refused_share']:.1%}); "
             f"goodput {r['goodput']:.1f}/s ({r['goodput'] / RATE:.1%} of R) over {r['span']:.1f} s of accepted requests; "
             f"wall {r['wall']:.1f} s = {r['wall'] / ideal:.3f} x ideal {ideal:.1f} s (run phase {r['run_seconds']:.1f} s)",

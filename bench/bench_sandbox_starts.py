@@ -101,8 +101,8 @@ def bench_sandbox_starts(results: dict) -> None:
             results,
             "sandbox_starts",
             f"(12) runner, {label}: {N} prompts with one command each in Docker sandboxes, concurrency {CONCURRENCY}: "
-            f"{r['prompts']['failed']} failed {errors}; wall {r['wall']:.1f} s (run phase {r['run_seconds']:.1f} s) = "
+            f"{r['samples']['failed']} failed {errors}; wall {r['wall']:.1f} s (run phase {r['run_seconds']:.1f} s) = "
             f"{r['wall'] / best:.2f}x the engine's best ({best:.1f} s at {best_p} at a time) "
-            f"[target <= 1.3: {'met' if r['wall'] <= 1.3 * best and not r['prompts']['failed'] else 'NOT met'}]",
+            f"[target <= 1.3: {'met' if r['wall'] <= 1.3 * best and not r['samples']['failed'] else 'NOT met'}]",
         )
     results["sandbox_starts"] = {"engine": engine, "best_parallelism": best_p, "runs": runs, "cores": os.cpu_count()}

@@ -230,7 +230,7 @@ def bench_sessions(results: dict, which: set[str]) -> None:
             f"client{every}; a schedule without any overhead: {floor:.3f} (schedule_floor); at most "
             f"{r['endpoint']['peak_in_flight']} requests in flight; peak RSS {peak / MIB:.0f} MiB over "
             f"{r['peak_procs']} processes; CPU: runner {r['cpu']:.1f} s, endpoint {r['server_cpu']:.1f} s; "
-            f"failed {r['prompts']['failed']} [target {'wall' if against == 'ideal' else 'runner / bare client'} "
+            f"failed {r['samples']['failed']} [target {'wall' if against == 'ideal' else 'runner / bare client'} "
             f"<= {target}{' x ideal' if against == 'ideal' else ''}: {'met' if judged <= target else 'NOT met'}; "
             f"<= 2 GiB: {'met' if peak <= 2 * GIB else 'NOT met'}]",
         )
