@@ -26,7 +26,6 @@ import io
 import posixpath
 import re
 import tarfile
-import threading
 import time
 import uuid
 
@@ -44,7 +43,7 @@ from agentbatch.sandboxes.base import (
     SandboxSpec,
 )
 from agentbatch.sandboxes.docker_engine import ENGINE_ERRORS, client, message, remove, remove_network
-from agentbatch.sandboxes.docker_resident import NoFifo, ResidentExec
+from agentbatch.sandboxes.docker_resident import ContainerShell
 from agentbatch.sandboxes.docker_stream import ExecProcess, close, pump
 from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput
 
@@ -108,6 +107,11 @@ def _new_tag() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def _script(command: str) -> str:
+    """What the command's shell runs: its PID first (a session leader's, so a timeout can kill what it started)."""
+    return 'echo "$$"; exec 2>&1\n' + command
+
+
 def container_name(run_name: str) -> str:
     """A unique, Docker-valid container name that shows which run made it."""
     safe = re.sub(r"[^a-zA-Z0-9_.-]+", "-", run_name).strip("-.")[:40] or "run"
@@ -144,9 +148,7 @@ class DockerSandbox:
         self.image = image = spec.image or spec.settings.docker_image
         self.container_id: str | None = None
         self._processes: list[ExecProcess] = []
-        self._resident: ResidentExec | None = None
-        self._resident_lock = threading.Lock()
-        self._resident_refused = False  # the image cannot make a FIFO, or its shell would not start
+        self._resident = ContainerShell(self)
         self._beside = beside
         self._network: str | None = None  # the network of its own (Resources.own_network), removed with it
         resources = spec.resources or Resources()
@@ -261,52 +263,19 @@ class DockerSandbox:
         user) when that is free, else in an exec of its own, as the same text, with the same tag; as another
         user always in an exec of its own.
         """
-        if user is not None and user != self.user:
-            return self._exec_apart(command, timeout, user)
-        # The first line of output is the shell's PID (a session leader), so a timeout can kill what it started.
-        script = 'echo "$$"; exec 2>&1\n' + command
-        resident = self._free_resident()
-        if resident is not None:
-            try:
-                return resident.run(script, _new_tag(), timeout)
-            except NoFifo:
-                self._resident_refused = True
-            finally:
-                resident.lock.release()
-        return self._exec_apart(command, timeout)
+        done = None if user not in (None, self.user) else self._resident.run(_script(command), _new_tag(), timeout)
+        return done if done is not None else self._exec_apart(command, timeout, user)
 
     def exec_alone(self, command: str, timeout: float, user: str | None = None) -> ExecResult:
         """A command in an exec of its own, the resident shell ended first: for one that kills every process of
         the container (the runner's own clean-up, harbor/container.py), which would kill that shell under it."""
-        with self._resident_lock:
-            resident, self._resident = self._resident, None
-        if resident is not None:
-            with resident.lock:
-                resident.close()
-        return self._exec_apart(command, timeout, self.user if user is None else user)
+        self._resident.end()
+        return self._exec_apart(command, timeout, user)
 
     def _exec_apart(self, command: str, timeout: float, user: str | None = None) -> ExecResult:
-        script = 'echo "$$"; exec 2>&1\n' + command
-        return self._exec([self.shell, "-c", script], timeout, tag=_new_tag(), user=self.user if user is None else user)
-
-    def _free_resident(self) -> ResidentExec | None:
-        """The container's resident shell, locked for one command (started now if there is none, or it ended);
-        None while another command holds it, or where the image cannot have one."""
-        with self._resident_lock:
-            if self._resident_refused or not self.container_id:
-                return None
-            if self._resident is not None and not self._resident.alive():
-                self._resident.close()
-                self._resident = None
-            if self._resident is None:
-                try:
-                    self._resident = ResidentExec(self)
-                except SandboxLost:
-                    raise
-                except SandboxError:
-                    self._resident_refused = True
-                    return None
-            return self._resident if self._resident.lock.acquire(blocking=False) else None
+        """A command in an exec of its own: as another user, or the resident shell busy or refused."""
+        user = self.user if user is None else user
+        return self._exec([self.shell, "-c", _script(command)], timeout, tag=_new_tag(), user=user)
 
     def _exec(self, cmd: list[str], timeout: float, tag: str | None = None, user: str = "") -> ExecResult:
         """Run cmd; with a tag, its first line is its PID, and at the timeout it goes with all it started."""
@@ -517,10 +486,7 @@ class DockerSandbox:
         cid, self.container_id = self.container_id, None
         if cid:
             remove(cid)
-        with self._resident_lock:
-            resident, self._resident = self._resident, None
-        if resident is not None:
-            resident.close()
+        self._resident.close()
         processes, self._processes = self._processes, []
         for process in processes:  # gone with the container (or with their own): this closes their connections
             process.kill()
