@@ -1,6 +1,7 @@
 """The run's budgets, and the prices its costs are computed with where the endpoint reports none.
 
-The `budget` group of the settings (settings.BudgetFlags); flags.py lists every group's flags in one order.
+The `budget` group of the settings (settings.BudgetFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Each sample's limits (docs/limits.md), and the bounds they set on a task's own.
 
-The `limits` group of the settings (settings.LimitFlags); flags.py lists every group's flags in one order.
+The `limits` group of the settings (settings.LimitFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The model, its endpoint, and what every call of it asks for or is sent.
 
-The `model` group of the settings (settings.ModelFlags); flags.py lists every group's flags in one order.
+The `model` group of the settings (settings.ModelFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What is written from the run's files besides them: the exports, their filters, the report.
 
-The `output` group of the settings (settings.OutputFlags); flags.py lists every group's flags in one order.
+The `output` group of the settings (settings.OutputFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The quality filters: which finished samples are discarded.
 
-The `quality` group of the settings (settings.QualityFlags); flags.py lists every group's flags in one order.
+The `quality` group of the settings (settings.QualityFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The run and its dataset: where it is written, which rows, how many samples of each, how it is shown.
 
-The `run` group of the settings (settings.RunFlags); flags.py lists every group's flags in one order.
+The `run` group of the settings (settings.RunFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations

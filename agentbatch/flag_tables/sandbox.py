@@ -1,6 +1,7 @@
 """Which sandbox the samples get, and its limits (bwrap's rlimits, docker's container limits).
 
-The `sandbox` group of the settings (settings.SandboxFlags); flags.py lists every group's flags in one order.
+The `sandbox` group of the settings (settings.SandboxFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """How many samples run at once, and where (this machine's worker processes, or a Ray cluster).
 
-The `scale` group of the settings (settings.ScaleFlags); flags.py lists every group's flags in one order.
+The `scale` group of the settings (settings.ScaleFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations

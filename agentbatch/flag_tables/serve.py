@@ -1,6 +1,7 @@
 """`batch_runner.py serve` (docs/rollouts.md): where it listens.
 
-The `serve` group of the settings (settings.ServeFlags); flags.py lists every group's flags in one order.
+The `serve` group of the settings (settings.ServeFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The run's tools: its distribution, its own tools and MCP servers, and the tools' settings.
 
-The `tools` group of the settings (settings.ToolFlags); flags.py lists every group's flags in one order.
+The `tools` group of the settings (settings.ToolFlags); a new flag's place in --help and docs/flags.md
+is its name's in flags.ORDER.
 """
 
 from __future__ import annotations
