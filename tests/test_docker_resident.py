@@ -113,7 +113,7 @@ def test_the_runners_own_kill_everything_runs_alone_and_ends_the_shell(box):
 def test_without_a_fifo_every_command_is_an_exec_of_its_own(made, docker_images):
     box = made(docker_images[0], env=(("TMPDIR", "/no/such/dir"),))
     assert box.exec("echo fine; exit 3", 30).output == "fine\n"
-    assert parent_of_command(box) == "0" and box._resident_refused
+    assert parent_of_command(box) == "0" and box._resident.refused
 
 
 def test_two_commands_at_once_both_run(box):

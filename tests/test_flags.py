@@ -1,4 +1,4 @@
-"""Each flag is declared once (agentbatch/flags.py); the CLI, --help and docs/flags.md follow from it."""
+"""Each flag is declared once (agentbatch/flag_tables/, in flags.ORDER); the CLI, --help and docs/flags.md follow from it."""
 
 from __future__ import annotations
 
@@ -58,3 +58,24 @@ def test_implied_values_stand_in_for_defaults_and_a_flag_given_keeps_its_own():
     assert flags.parse({})["distribution"] == "default"  # nothing implied: the defaults
     with pytest.raises(FatalError, match="--no_such_flag is implied .* but is no flag"):
         flags.parse({}, {"no_such_flag": 1})
+
+
+def test_each_flag_is_declared_in_the_table_of_its_group():
+    for table in flags.TABLES:
+        group = table.__name__.rpartition(".")[2]
+        assert {f.group for f in table.FLAGS} == {group}, f"{table.__name__} declares a flag of another group"
+    assert len(flags.FLAGS) == sum(len(table.FLAGS) for table in flags.TABLES)
+
+
+def test_the_order_names_every_declared_flag_once():
+    tables = tuple(table.FLAGS for table in flags.TABLES)
+    assert [f.name for f in flags._in_order(tables, flags.ORDER)] == list(flags.ORDER)
+    for order, wrong in (
+        (flags.ORDER[:-1], "compare"),
+        ((*flags.ORDER, "seed"), "seed"),
+        ((*flags.ORDER, "nope"), "nope"),
+    ):
+        with pytest.raises(RuntimeError, match=f"flags.ORDER: \\['{wrong}'\\]"):
+            flags._in_order(tables, order)
+    with pytest.raises(RuntimeError, match="\\['port'\\]"):  # declared twice
+        flags._in_order((*tables, tuple(f for f in flags.FLAGS if f.name == "port")), flags.ORDER)

@@ -25,7 +25,8 @@ def test_every_flag_is_exactly_one_field_of_its_group_and_every_field_one_flag()
     for f in flags.FLAGS:
         assert f.group in settings.GROUPS, (
             f"--{f.name} names no group of the settings: give it group= one of {sorted(settings.GROUPS)} in "
-            "agentbatch/flags.py, and its group in agentbatch/settings.py a field of its value's type"
+            "its table (agentbatch/flag_tables/<group>.py), and its group in agentbatch/settings.py a field of its "
+            "value's type"
         )
         assert f.attribute in fields_of(settings.GROUPS[f.group]), (
             f"--{f.name}: {settings.GROUPS[f.group].__name__} has no field {f.attribute!r} (agentbatch/settings.py)"

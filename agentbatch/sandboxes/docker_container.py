@@ -3,8 +3,8 @@
 A container runs an idle shell loop as PID 1; every command is `sh -c` (bash when the image has it) in the
 working directory, started by the container's resident shell (docker_resident.py: one `docker exec` for all
 the sample's commands) or by an exec of its own, with a deadline enforced from the host. Files move through the
-archive API, so reading and writing work in images that hold no tools at all. The working directory is
-the row's `cwd`, else the image's WORKDIR, else /workspace; Docker creates it if absent.
+archive API (docker_files.py), so reading and writing work in images that hold no tools at all. The working
+directory is the row's `cwd`, else the image's WORKDIR, else /workspace; Docker creates it if absent.
 
 Every exec carries a tag of its own in its environment (TAG_VAR). At a command's timeout, or when a
 long-lived process is killed, everything it started goes: what carries its tag (a `setsid` or `nohup`
@@ -22,19 +22,14 @@ Compose, is driven the same way (`attach`, compose.py).
 
 from __future__ import annotations
 
-import io
-import posixpath
 import re
-import tarfile
-import threading
 import time
 import uuid
 
 import docker.errors
 
-from agentbatch.sandboxes import docker_network
+from agentbatch.sandboxes import docker_files, docker_network
 from agentbatch.sandboxes.base import (
-    MAX_FILE_BYTES,
     RUN_LABEL,
     SANDBOX_ENV,
     ExecResult,
@@ -44,7 +39,7 @@ from agentbatch.sandboxes.base import (
     SandboxSpec,
 )
 from agentbatch.sandboxes.docker_engine import ENGINE_ERRORS, client, message, remove, remove_network
-from agentbatch.sandboxes.docker_resident import NoFifo, ResidentExec
+from agentbatch.sandboxes.docker_resident import ContainerShell
 from agentbatch.sandboxes.docker_stream import ExecProcess, close, pump
 from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput
 
@@ -100,12 +95,15 @@ true"""
 # A forced removal kills the command before the engine marks its container gone: how long a SIGKILLed
 # command waits for that mark before it counts as killed by something inside the container (OOM, say).
 LOST_SETTLE = 5.0
-_SYMLINK_BIT = 1 << 27  # Go's os.ModeSymlink, as the archive API reports it
-_DIR_BIT = 1 << 31  # Go's os.ModeDir
 
 
 def _new_tag() -> str:
     return uuid.uuid4().hex[:16]
+
+
+def _script(command: str) -> str:
+    """What the command's shell runs: its PID first (a session leader's, so a timeout can kill what it started)."""
+    return 'echo "$$"; exec 2>&1\n' + command
 
 
 def container_name(run_name: str) -> str:
@@ -144,9 +142,7 @@ class DockerSandbox:
         self.image = image = spec.image or spec.settings.docker_image
         self.container_id: str | None = None
         self._processes: list[ExecProcess] = []
-        self._resident: ResidentExec | None = None
-        self._resident_lock = threading.Lock()
-        self._resident_refused = False  # the image cannot make a FIFO, or its shell would not start
+        self._resident = ContainerShell(self)
         self._beside = beside
         self._network: str | None = None  # the network of its own (Resources.own_network), removed with it
         resources = spec.resources or Resources()
@@ -261,52 +257,19 @@ class DockerSandbox:
         user) when that is free, else in an exec of its own, as the same text, with the same tag; as another
         user always in an exec of its own.
         """
-        if user is not None and user != self.user:
-            return self._exec_apart(command, timeout, user)
-        # The first line of output is the shell's PID (a session leader), so a timeout can kill what it started.
-        script = 'echo "$$"; exec 2>&1\n' + command
-        resident = self._free_resident()
-        if resident is not None:
-            try:
-                return resident.run(script, _new_tag(), timeout)
-            except NoFifo:
-                self._resident_refused = True
-            finally:
-                resident.lock.release()
-        return self._exec_apart(command, timeout)
+        done = None if user not in (None, self.user) else self._resident.run(_script(command), _new_tag(), timeout)
+        return done if done is not None else self._exec_apart(command, timeout, user)
 
     def exec_alone(self, command: str, timeout: float, user: str | None = None) -> ExecResult:
         """A command in an exec of its own, the resident shell ended first: for one that kills every process of
         the container (the runner's own clean-up, harbor/container.py), which would kill that shell under it."""
-        with self._resident_lock:
-            resident, self._resident = self._resident, None
-        if resident is not None:
-            with resident.lock:
-                resident.close()
-        return self._exec_apart(command, timeout, self.user if user is None else user)
+        self._resident.end()
+        return self._exec_apart(command, timeout, user)
 
     def _exec_apart(self, command: str, timeout: float, user: str | None = None) -> ExecResult:
-        script = 'echo "$$"; exec 2>&1\n' + command
-        return self._exec([self.shell, "-c", script], timeout, tag=_new_tag(), user=self.user if user is None else user)
-
-    def _free_resident(self) -> ResidentExec | None:
-        """The container's resident shell, locked for one command (started now if there is none, or it ended);
-        None while another command holds it, or where the image cannot have one."""
-        with self._resident_lock:
-            if self._resident_refused or not self.container_id:
-                return None
-            if self._resident is not None and not self._resident.alive():
-                self._resident.close()
-                self._resident = None
-            if self._resident is None:
-                try:
-                    self._resident = ResidentExec(self)
-                except SandboxLost:
-                    raise
-                except SandboxError:
-                    self._resident_refused = True
-                    return None
-            return self._resident if self._resident.lock.acquire(blocking=False) else None
+        """A command in an exec of its own: as another user, or the resident shell busy or refused."""
+        user = self.user if user is None else user
+        return self._exec([self.shell, "-c", _script(command)], timeout, tag=_new_tag(), user=user)
 
     def _exec(self, cmd: list[str], timeout: float, tag: str | None = None, user: str = "") -> ExecResult:
         """Run cmd; with a tag, its first line is its PID, and at the timeout it goes with all it started."""
@@ -439,73 +402,13 @@ class DockerSandbox:
         except SandboxError:
             pass
 
-    def _path(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.workdir, path))
-
     def read_file(self, path: str, limit: int | None = None) -> bytes:
         """A file's bytes (at most `limit`), symlinks followed; FileNotFoundError or IsADirectoryError as on a disk."""
-        full = self._path(path)
-        api = client().api
-        for _ in range(10):
-            try:
-                chunks, stat = api.get_archive(self.container_id, full)
-            except docker.errors.NotFound as e:
-                self._raise_if_lost(e)
-                raise FileNotFoundError(f"no such file in the sandbox: {full}") from None
-            except ENGINE_ERRORS as e:
-                raise OSError(f"cannot read {full}: {message(e)}") from e
-            mode = stat.get("mode", 0)
-            if mode & _SYMLINK_BIT and stat.get("linkTarget"):
-                _discard(chunks)
-                full = stat["linkTarget"]
-                continue
-            if mode & _DIR_BIT:
-                _discard(chunks)
-                raise IsADirectoryError(f"{full} is a directory")
-            if stat.get("size", 0) > MAX_FILE_BYTES:
-                _discard(chunks)
-                raise OSError(f"{full} is {stat['size']} bytes, over the {MAX_FILE_BYTES} byte limit")
-            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
-                member = next((m for m in tar.getmembers() if m.isfile()), None)
-                if member is None:
-                    raise OSError(f"{full} is not a regular file")
-                return tar.extractfile(member).read(limit)
-        raise OSError(f"too many levels of symbolic links: {path}")
+        return docker_files.read(self, path, limit)
 
     def write_file(self, path: str, data: bytes) -> None:
         """Create or replace a file, making missing parent directories; owned by the image's user."""
-        full = self._path(path)
-        if full == "/":
-            raise IsADirectoryError("/ is a directory")
-        api = client().api
-        # Extract at the deepest directory that exists, so no existing path (a symlinked /lib, say) is replaced.
-        target, missing = posixpath.dirname(full), [posixpath.basename(full)]
-        while True:
-            try:
-                _put_archive(api, self.container_id, target, self._tar(missing, data))
-                return
-            except docker.errors.NotFound as e:
-                self._raise_if_lost(e)
-                if target == "/":
-                    raise OSError(f"cannot write {full}: the container has no root directory") from None
-                missing.insert(0, posixpath.basename(target))
-                target = posixpath.dirname(target)
-            except ENGINE_ERRORS as e:
-                raise OSError(f"cannot write {full}: {message(e)}") from e
-
-    def _tar(self, parts: list[str], data: bytes) -> bytes:
-        buf, now = io.BytesIO(), time.time()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for i in range(1, len(parts)):
-                info = tarfile.TarInfo("/".join(parts[:i]))
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                info.uid, info.gid, info.mtime = self._uid, self._gid, now
-                tar.addfile(info)
-            info = tarfile.TarInfo("/".join(parts))
-            info.size, info.mode = len(data), 0o644
-            info.uid, info.gid, info.mtime = self._uid, self._gid, now
-            tar.addfile(info, io.BytesIO(data))
-        return buf.getvalue()
+        docker_files.write(self, path, data)
 
     def confine(self, path: str) -> str:
         """Any path: searches run inside the container, which is the confinement."""
@@ -517,10 +420,7 @@ class DockerSandbox:
         cid, self.container_id = self.container_id, None
         if cid:
             remove(cid)
-        with self._resident_lock:
-            resident, self._resident = self._resident, None
-        if resident is not None:
-            resident.close()
+        self._resident.close()
         processes, self._processes = self._processes, []
         for process in processes:  # gone with the container (or with their own): this closes their connections
             process.kill()
@@ -539,16 +439,3 @@ def container_env(spec: SandboxSpec, config: dict) -> dict[str, str]:
         env["HOME"] = "/root"
     env.update(dict(spec.resources.env) if spec.resources else {})
     return env
-
-
-def _put_archive(api, container_id: str, path: str, data: bytes) -> None:
-    """APIClient.put_archive plus noOverwriteDirNonDir, so writing a file over a directory fails, not wipes it."""
-    params = {"path": path, "noOverwriteDirNonDir": "1"}
-    res = api._put(api._url("/containers/{0}/archive", container_id), params=params, data=data)
-    api._raise_for_status(res)
-
-
-def _discard(chunks) -> None:
-    close = getattr(chunks, "close", None)
-    if close:
-        close()

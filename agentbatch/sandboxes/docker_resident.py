@@ -17,7 +17,8 @@ its stdin attached, and every command is a request on that stdin:
 A command may do anything in its container, to the shell too (it usually runs as the same user): a shell
 that ended, or that no longer answers, fails the command at hand (SandboxError, or SandboxLost when the
 container went), and the next command starts another. Where the image cannot make a FIFO, or a second
-command comes while one runs (a tool's threads), the command is an exec of its own, as before.
+command comes while one runs (a tool's threads), the command is an exec of its own, as before. ContainerShell
+is what lends the shell to one command at a time (as resident.SampleShell does for bwrap and local).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 
 from docker.utils.socket import read as socket_read
 
-from agentbatch.sandboxes.base import ExecResult, SandboxError, one_line
+from agentbatch.sandboxes.base import ExecResult, SandboxError, SandboxLost, one_line
 from agentbatch.sandboxes.docker_stream import STDOUT, close
 from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput
 
@@ -214,3 +215,64 @@ class ResidentExec:
 
     def close(self) -> None:
         self.kill()
+
+
+class ContainerShell:
+    """A sandbox's one resident shell, lent to one command at a time: started at its first command (again once it
+    ended), never again once the image could not have one. `run` is None where a command cannot have it (another
+    holds it, or the image makes no FIFO): the sandbox then runs that one in an exec of its own."""
+
+    def __init__(self, sandbox):
+        """`sandbox`: the DockerSandbox whose container the shell runs in (ResidentExec's)."""
+        self._box = sandbox
+        self._lock = threading.Lock()
+        self._shell: ResidentExec | None = None
+        self.refused = False  # the image cannot make a FIFO, or its shell would not start
+
+    def run(self, command: str, tag: str, timeout: float) -> ExecResult | None:
+        """One command (ResidentExec.run's), or None where the shell is not free (see the class)."""
+        shell = self._lend()
+        if shell is None:
+            return None
+        try:
+            return shell.run(command, tag, timeout)
+        except NoFifo:
+            self.refused = True
+            return None
+        finally:
+            shell.lock.release()
+
+    def _lend(self) -> ResidentExec | None:
+        """The shell, locked for one command (started now if there is none, or it ended); None while another
+        command holds it, or where the image cannot have one."""
+        with self._lock:
+            if self.refused or not self._box.container_id:
+                return None
+            if self._shell is not None and not self._shell.alive():
+                self._shell.close()
+                self._shell = None
+            if self._shell is None:
+                try:
+                    self._shell = ResidentExec(self._box)
+                except SandboxLost:
+                    raise
+                except SandboxError:
+                    self.refused = True
+                    return None
+            return self._shell if self._shell.lock.acquire(blocking=False) else None
+
+    def end(self) -> None:
+        """End the shell once the command holding it is done (before one that kills every process); the next
+        command starts another."""
+        with self._lock:
+            shell, self._shell = self._shell, None
+        if shell is not None:
+            with shell.lock:
+                shell.close()
+
+    def close(self) -> None:
+        """End the shell at once (the sandbox's clean-up)."""
+        with self._lock:
+            shell, self._shell = self._shell, None
+        if shell is not None:
+            shell.close()
