@@ -12,12 +12,19 @@ oracle's verdict at the session's end.
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
 from agentbatch.dataset import Entry
 from agentbatch.dataset_formats import DatasetError, dataset_format
 from agentbatch.dataset_steps import RunContext
-from agentbatch.harbor import run, sample
-from agentbatch.harbor.task_dir import HarborTask
-from agentbatch.harbor.task_set import FORMAT, TaskSetError, claims, load_tasks
+from agentbatch.harbor.names import FORMAT
+
+if TYPE_CHECKING:
+    from agentbatch.harbor.task_dir import HarborTask
+
+# The task readers and the runner's steps are imported when a run has Harbor tasks, not at every start, where
+# every run registers this format (~20 ms of CPU: task.toml's fields, tomllib, Compose; bench (9)).
 
 
 @dataset_format(FORMAT)
@@ -27,9 +34,12 @@ class HarborFormat:
     sandbox_note = "sandbox: docker (each Harbor task in a container of its own image, with its own resources)"
 
     def claims(self, path: str) -> bool:
-        return claims(path)
+        """A directory is a Harbor task set (a JSONL dataset is a file)."""
+        return os.path.isdir(path)
 
     def load(self, path: str, max_samples: int | None) -> tuple[list[Entry], list[str]]:
+        from agentbatch.harbor.task_set import TaskSetError, load_tasks
+
         try:
             tasks, warnings = load_tasks(path, max_samples)
         except TaskSetError as e:
@@ -37,17 +47,25 @@ class HarborFormat:
         return [entry(n, t) for n, t in enumerate(tasks, start=1)], warnings
 
     def prepare(self, entries: list[Entry], context: RunContext) -> None:
+        from agentbatch.harbor import run
+
         run.prepare(entries, context)
 
     def ready(self, entries: list[Entry], context: RunContext) -> dict[str, tuple[tuple[str, ...], str]]:
+        from agentbatch.harbor import run
+
         return run.ready(entries, context)
 
     def at_end(self, entries: list[Entry], context: RunContext) -> list[str]:
+        from agentbatch.harbor import run
+
         return run.at_end(entries, context)
 
 
 def entry(line: int, task: HarborTask) -> Entry:
     """One task as a dataset entry."""
+    from agentbatch.harbor import sample
+
     return Entry(
         line=line,
         prompt=task.instruction,

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 
-from agentbatch.harbor.task_set import FORMAT
-from agentbatch.harbor.verifier import SOLUTION_DIR
+from agentbatch.harbor.names import FORMAT, SOLUTION_DIR
 from agentbatch.model.base import ModelCallError, Reply
 from agentbatch.model.registry import register_model
 

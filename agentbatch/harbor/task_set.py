@@ -13,16 +13,9 @@ from agentbatch.harbor.task_config import TaskError
 from agentbatch.harbor.task_dir import HarborTask, is_task_dir, load
 from agentbatch.terminal_text import safe
 
-FORMAT = "harbor"  # the dataset format's name (dataset_format.py), which --model=oracle runs (oracle.py)
-
 
 class TaskSetError(Exception):
     """The path holds no task at all."""
-
-
-def claims(path: str) -> bool:
-    """A directory is a Harbor task set (a JSONL dataset is a file)."""
-    return os.path.isdir(path)
 
 
 def task_dirs(path: str) -> list[str]:

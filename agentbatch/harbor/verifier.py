@@ -17,12 +17,12 @@ import shlex
 
 from agentbatch.harbor import container
 from agentbatch.harbor.container import Probe
+from agentbatch.harbor.names import SOLUTION_DIR, TESTS_DIR, VERIFIER_LOGS
 from agentbatch.harbor.task_dir import SOLUTION, TESTS, HarborTask
 from agentbatch.sandboxes.base import Sandbox
 from agentbatch.tools.registry import cap_output
 from agentbatch.verification import MAX_CHECK_OUTPUT, CheckResult
 
-TESTS_DIR, SOLUTION_DIR, VERIFIER_LOGS = "/tests", "/solution", "/logs/verifier"
 REWARD_TXT, REWARD_JSON = f"{VERIFIER_LOGS}/reward.txt", f"{VERIFIER_LOGS}/reward.json"
 MAX_REWARD_BYTES = 1_000_000
 

@@ -157,7 +157,10 @@ class BwrapSandbox:
         self._mounts = sorted(mounts, key=lambda m: len(m[0]), reverse=True)
         self._outer, opts, self._inner = self._bwrap_args(system_args)
         self._options = b"".join(o.encode() + b"\0" for o in opts)
-        self._shell = SampleShell(lambda: ResidentShell(self._shell_prefix, self._env, "/", self._lasting))
+        self._shell = SampleShell(self, BwrapSandbox._resident_shell)
+
+    def _resident_shell(self) -> ResidentShell:
+        return ResidentShell(self._shell_prefix, self._env, "/", self._lasting)
 
     def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
         """The command line before bwrap's options, the options (given on a pipe), and what follows them."""

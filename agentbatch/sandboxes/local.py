@@ -49,9 +49,10 @@ class LocalSandbox:
         self._tmp: str | None = None
         self._roots = _roots(cwd)
         self._processes: list[PipeProcess] = []
-        self._shell = SampleShell(
-            lambda: ResidentShell(lambda: (containment.namespace_prefix(), ()), self._env, self.workdir)
-        )
+        self._shell = SampleShell(self, LocalSandbox._resident_shell)
+
+    def _resident_shell(self) -> ResidentShell:
+        return ResidentShell(_namespace_prefix, self._env, self.workdir)
 
     @property
     def workdir(self) -> str:
@@ -179,6 +180,10 @@ class LocalSandbox:
             process.kill()
         if self._tmp is not None:
             sandbox_dirs.remove(self._tmp)
+
+
+def _namespace_prefix() -> tuple[list[str], tuple[int, ...]]:
+    return containment.namespace_prefix(), ()
 
 
 def _roots(*dirs: str | None) -> list[str]:

@@ -38,7 +38,9 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 from agentbatch.sandboxes.base import ExecResult, SandboxError, one_line
 from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput, Streamed
@@ -326,9 +328,15 @@ class ResidentShell:
 
 class SampleShell:
     """A sandbox's one resident shell: started at its first command (again once it ended), lent to one command at
-    a time. `run` is None while another command holds it: the sandbox then runs that one apart."""
+    a time. `run` is None while another command holds it: the sandbox then runs that one apart.
 
-    def __init__(self, make: Callable[[], ResidentShell]):
+    `make(owner)` starts the shell of `owner`, the sandbox, which is held weakly: a factory closing over the
+    sandbox that holds it made every sandbox a reference cycle, freed only by the cyclic collector, whose
+    collections then walked every sample in flight (bench/RESULTS.md, (10)).
+    """
+
+    def __init__(self, owner: object, make: Callable[[Any], ResidentShell]):
+        self._owner = weakref.ref(owner)
         self._make = make
         self._lock = threading.Lock()
         self._shell: ResidentShell | None = None
@@ -356,7 +364,10 @@ class SampleShell:
                 self._shell.close()
                 self._shell = None
             if self._shell is None:
-                self._shell = self._make()
+                owner = self._owner()
+                if owner is None:  # its sandbox is gone: nothing is left to run a command in
+                    return None
+                self._shell = self._make(owner)
             return self._shell if self._shell.lock.acquire(blocking=False) else None
 
     def close(self) -> None:
