@@ -14,7 +14,7 @@ import time
 
 import pytest
 from cli_helpers import ROOT, RUN_TIMEOUT, RunDir, cli_env, thinking
-from scripted_replies import build_message, completion_ids
+from scripted_replies import IM_END, build_message, completion_ids
 from scripted_server import ScriptedServer
 
 from agentbatch import Rollouts
@@ -266,7 +266,7 @@ def test_the_trl_rollout_func_of_the_docs_gives_one_completion_per_prompt_in_ord
 
     from token_helpers import docs_rollout_func
 
-    trainer = types.SimpleNamespace(num_generations=2)
+    trainer = types.SimpleNamespace(num_generations=2, processing_class=types.SimpleNamespace(eos_token_id=IM_END))
     with (
         ScriptedServer(script={"a": [thinking("x")], "b": [thinking("yy")]}) as srv,
         Rollouts(**flags(srv), token_ids=True, logprobs=True) as rollouts,
