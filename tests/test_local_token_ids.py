@@ -78,8 +78,8 @@ def test_the_masked_ids_are_what_the_embedded_model_sampled(served):
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None,
-    reason="transformers reads a GGUF file's tokenizer only with torch (the CPU build: README, Development)",
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("gguf") is None,
+    reason="transformers reads a GGUF file's tokenizer only with torch and gguf (the trl extra: README, Development)",
 )
 def test_a_cli_sample_with_tool_calls_is_retokenized_and_only_its_assistant_turns_are_masked(tmp_path):
     """With tools offered the first call runs several completions (no ids): the whole sample is retokenized with
