@@ -3,10 +3,11 @@
 Not what the model sampled: the reply's text encoded again, which can differ from the sampled ids (a text has
 several encodings). So such a sample's `tokens` say `source: "retokenized"`, and logprobs are null (the
 endpoint's, if any, belong to ids we do not have). A call's completion is the suffix its reply adds to its
-prompt's render, up to the template's end-of-turn token (TRL and verl cut it the same way); a template that is
-not prefix-preserving shows as drift (sample_tokens.build). Needs transformers; a tokenizer that cannot be
-loaded (no transformers, no such name offline, a GGUF file without torch or gguf) leaves the sample's tokens
-null, said once per process in one line.
+prompt's render, up to the template's end-of-turn token (TRL and verl cut it the same way; a reply cut by the
+length limit without it: the model never ended that turn); a template that is not prefix-preserving shows as
+drift (sample_tokens.build). Needs transformers; a tokenizer that cannot be loaded (no transformers, no such
+name offline, a GGUF file without torch or gguf) leaves the sample's tokens null, said once per process in
+one line.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def calls(tokenizer: str | None, recorded: list) -> list[CallTokens] | None:
             completion = _to_end_of_turn(full[len(prompt) :], tok.eos_token_id)
         else:  # the template renders a finished turn unlike its generation prompt: the reply's text alone
             completion = tok.encode(call.reply.get("content") or "", add_special_tokens=False)
+        if call.cut and completion[-1:] == [tok.eos_token_id]:  # the template ends the turn; the model did not
+            completion = completion[:-1]
         out.append(CallTokens(prompt, completion, [None] * len(completion), "retokenized"))
     return out
 

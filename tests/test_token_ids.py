@@ -168,6 +168,25 @@ def test_without_prompt_ids_every_call_is_retokenized_with_the_chat_template(tmp
     assert tokens["drift"] is None
 
 
+def test_a_retokenized_reply_cut_by_the_length_limit_has_no_end_of_turn_marked_sampled(tmp_path):
+    # The template closes every turn with <|im_end|>; a reply cut short never sampled it.
+    cut = answer("cut sho") | {"token_shape": "none", "finish_reason": "length"}
+    script = {"p": [sh("echo one") | {"token_shape": "none"}, cut]}
+    data = write_dataset(tmp_path / "ds.jsonl", ["p"])
+    flags = ["--token_ids", f"--tokenizer={toy_tokenizer(tmp_path / 'tok')}"]
+    with ScriptedServer(script=script) as srv:
+        done = run_cli(args_for(data, tmp_path / "out", "v", *flags), tmp_path, srv)
+        bodies = srv.requests()
+    assert_clean_exit(done)
+    (line,) = RunDir(tmp_path / "out" / "v").trajectories()
+    assert line["stop_reason"] == "length"
+    tokens = line["tokens"]
+    first, second = sampled(script["p"])
+    assert tokens["source"] == "retokenized" and second[-1] == IM_END
+    assert tokens["ids"] == render_prompt(calls_of(bodies, "p")[-1]["messages"]) + second[:-1]
+    assert [i for i, m in zip(tokens["ids"], tokens["mask"], strict=True) if m] == first + second[:-1]
+
+
 def test_a_tokenizer_that_cannot_be_loaded_leaves_tokens_null_in_one_line(tmp_path):
     script = {"p": [answer("ok") | {"token_shape": "none"}]}
     data = write_dataset(tmp_path / "ds.jsonl", ["p"])
