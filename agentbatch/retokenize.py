@@ -3,10 +3,11 @@
 Not what the model sampled: the reply's text encoded again, which can differ from the sampled ids (a text has
 several encodings). So such a sample's `tokens` say `source: "retokenized"`, and logprobs are null (the
 endpoint's, if any, belong to ids we do not have). A call's completion is the suffix its reply adds to its
-prompt's render, up to the template's end-of-turn token (TRL and verl cut it the same way); a template that is
-not prefix-preserving shows as drift (sample_tokens.build). Needs transformers; a tokenizer that cannot be
-loaded (no transformers, no such name offline, a GGUF file without torch) leaves the sample's tokens null,
-said once per process in one line.
+prompt's render, up to the template's end-of-turn token (TRL and verl cut it the same way; a reply cut by the
+length limit without it: the model never ended that turn); a template that is not prefix-preserving shows as
+drift (sample_tokens.build). Needs transformers; a tokenizer that cannot be loaded (no transformers, no such
+name offline, a GGUF file without torch or gguf) leaves the sample's tokens null, said once per process in
+one line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from typing import Any
 from agentbatch.model.token_ids import CallTokens
 
 log = logging.getLogger("batch_runner")
+# What transformers needs to read a GGUF file's tokenizer: the `gguf` parser, and torch, which its GGUF reader
+# (integrations/gguf/reader.py, transformers 5.24) imports at its top though a tokenizer uses none of it.
+GGUF_NEEDS = ("torch", "gguf")
 
 
 def calls(tokenizer: str | None, recorded: list) -> list[CallTokens] | None:
@@ -36,6 +40,8 @@ def calls(tokenizer: str | None, recorded: list) -> list[CallTokens] | None:
             completion = _to_end_of_turn(full[len(prompt) :], tok.eos_token_id)
         else:  # the template renders a finished turn unlike its generation prompt: the reply's text alone
             completion = tok.encode(call.reply.get("content") or "", add_special_tokens=False)
+        if call.cut and completion[-1:] == [tok.eos_token_id]:  # the template ends the turn; the model did not
+            completion = completion[:-1]
         out.append(CallTokens(prompt, completion, [None] * len(completion), "retokenized"))
     return out
 
@@ -67,12 +73,16 @@ def _load(name: str) -> Any:
     try:
         from transformers import AutoTokenizer
 
-        if name.endswith(".gguf") and importlib.util.find_spec("torch") is None:
-            raise ImportError("transformers reads a GGUF file's tokenizer only with torch, which is not installed")
-        if name.endswith(".gguf"):  # transformers reads a GGUF file's tokenizer only with torch installed
+        if name.endswith(".gguf"):
+            missing = [m for m in GGUF_NEEDS if importlib.util.find_spec(m) is None]
+            if missing:
+                raise ImportError(
+                    f"transformers reads a GGUF file's tokenizer only with {' and '.join(GGUF_NEEDS)}"
+                    f" ({', '.join(missing)} not installed)"
+                )
             return AutoTokenizer.from_pretrained(os.path.dirname(name) or ".", gguf_file=os.path.basename(name))
         return AutoTokenizer.from_pretrained(name)
-    except Exception as e:  # ImportError, OSError (not found offline), a GGUF without torch: all the same to us
+    except Exception as e:  # ImportError, OSError (not found offline), a GGUF without torch or gguf: all the same to us
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         log.warning("--token_ids: cannot retokenize with %r (%s): such samples' tokens are null", name, reason)
         return None

@@ -32,6 +32,7 @@ class Call:
     reply: dict  # the assistant message as saved (content, tool_calls)
     tokens: CallTokens | None
     policy_version: str | None
+    cut: bool = False  # the reply was cut by the length limit: the model did not end its turn
 
 
 @dataclass
@@ -44,7 +45,10 @@ class TokenRecorder:
 
     def add(self, messages: list[dict], tools: list[dict], reply: dict, assistant: dict) -> None:
         """Note one kept call: the messages sent, the reply's JSON, the assistant message saved from it."""
-        self.calls.append(Call(messages, tools, assistant, call_tokens(reply), self.policy_version))
+        choices = reply.get("choices") if isinstance(reply, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        cut = first.get("finish_reason") == "length"
+        self.calls.append(Call(messages, tools, assistant, call_tokens(reply), self.policy_version, cut))
 
     def tokens(self) -> dict | None:
         """The sample's `tokens`; None with no call, or when its calls have no ids and cannot be retokenized."""

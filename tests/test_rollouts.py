@@ -14,7 +14,7 @@ import time
 
 import pytest
 from cli_helpers import ROOT, RUN_TIMEOUT, RunDir, cli_env, thinking
-from scripted_replies import build_message, completion_ids
+from scripted_replies import IM_END, build_message, completion_ids
 from scripted_server import ScriptedServer
 
 from agentbatch import Rollouts
@@ -262,19 +262,16 @@ def test_the_budget_stops_rollouts_and_says_so():
 def test_the_trl_rollout_func_of_the_docs_gives_one_completion_per_prompt_in_order():
     """The adapter docs/rollouts.md shows, run as written on a TRL-shaped call: prompts repeated num_generations
     times in a row; each entry's prompt + completion ids are its sample's ids, env_mask its mask after the split."""
-    import re
     import types
 
-    text = (ROOT / "docs" / "rollouts.md").read_text(encoding="utf-8")
-    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def rollout_func_from" in b]
-    space: dict = {}
-    exec(code.split("# GRPOTrainer")[0], space)
-    trainer = types.SimpleNamespace(num_generations=2)
+    from token_helpers import docs_rollout_func
+
+    trainer = types.SimpleNamespace(num_generations=2, processing_class=types.SimpleNamespace(eos_token_id=IM_END))
     with (
         ScriptedServer(script={"a": [thinking("x")], "b": [thinking("yy")]}) as srv,
         Rollouts(**flags(srv), token_ids=True, logprobs=True) as rollouts,
     ):
-        out = space["rollout_func_from"](rollouts)(["a", "a", "b", "b"], trainer)
+        out = docs_rollout_func()(rollouts)(["a", "a", "b", "b"], trainer)
     assert {k: len(v) for k, v in out.items()} == dict.fromkeys(out, 4)
     a, b = (completion_ids(build_message(thinking(t), 0)[0]) for t in ("x", "yy"))
     assert out["completion_ids"] == [a, a, b, b]  # in the prompts' order, whatever order the groups finished in

@@ -10,24 +10,14 @@ from collections import defaultdict
 
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
-from scripted_replies import IM_END, build_message, completion_ids, encode, render_prompt
+from scripted_replies import IM_END, encode, render_prompt
 from scripted_server import ScriptedServer
+from token_helpers import calls_of, sampled, toy_tokenizer
 from verify_helpers import answer, args_for, sh
 
 
 def lines_by_prompt(out) -> dict[str, dict]:
     return {r["conversations"][0]["value"]: r for r in RunDir(out).trajectories()}
-
-
-def calls_of(bodies: list[dict], prompt: str) -> list[dict]:
-    """The requests of one prompt's sample, in call order (each call has one assistant turn more)."""
-    mine = [b for b in bodies if b["messages"][0]["content"] == prompt]
-    return sorted(mine, key=lambda b: sum(m["role"] == "assistant" for m in b["messages"]))
-
-
-def sampled(script: list[dict]) -> list[list[int]]:
-    """The completion ids the scripted server sends for each reply of a script."""
-    return [completion_ids(build_message(spec, turn)[0]) for turn, spec in enumerate(script)]
 
 
 SCRIPT = {
@@ -157,26 +147,6 @@ def test_sglang_shapes_are_read_too(tmp_path, shape):
     assert [c["policy_version"] for c in tokens["calls"]] == [None, None]
 
 
-def toy_tokenizer(folder) -> str:
-    """A Hugging Face tokenizer directory of the scripted server's toy ChatML (one id per character)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2} | {chr(c): 3 + c for c in range(1, 0x250)}
-    inner = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    inner.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok = PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="[UNK]", eos_token="<|im_end|>")
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-        "{% for c in m.get('tool_calls') or [] %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
-        "\"arguments\": {{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    tok.save_pretrained(str(folder))
-    return str(folder)
-
-
 @pytest.mark.parametrize("shape", ["none", "llama-server"])
 def test_without_prompt_ids_every_call_is_retokenized_with_the_chat_template(tmp_path, shape):
     script = {"p": [sh("echo one") | {"token_shape": shape}, answer("ok") | {"token_shape": shape}]}
@@ -196,6 +166,25 @@ def test_without_prompt_ids_every_call_is_retokenized_with_the_chat_template(tmp
     assert [i for i, m in zip(tokens["ids"], tokens["mask"], strict=True) if m] == completions[0] + completions[1]
     assert tokens["logprobs"] == [None] * len(tokens["ids"])  # the endpoint's belong to ids we do not have
     assert tokens["drift"] is None
+
+
+def test_a_retokenized_reply_cut_by_the_length_limit_has_no_end_of_turn_marked_sampled(tmp_path):
+    # The template closes every turn with <|im_end|>; a reply cut short never sampled it.
+    cut = answer("cut sho") | {"token_shape": "none", "finish_reason": "length"}
+    script = {"p": [sh("echo one") | {"token_shape": "none"}, cut]}
+    data = write_dataset(tmp_path / "ds.jsonl", ["p"])
+    flags = ["--token_ids", f"--tokenizer={toy_tokenizer(tmp_path / 'tok')}"]
+    with ScriptedServer(script=script) as srv:
+        done = run_cli(args_for(data, tmp_path / "out", "v", *flags), tmp_path, srv)
+        bodies = srv.requests()
+    assert_clean_exit(done)
+    (line,) = RunDir(tmp_path / "out" / "v").trajectories()
+    assert line["stop_reason"] == "length"
+    tokens = line["tokens"]
+    first, second = sampled(script["p"])
+    assert tokens["source"] == "retokenized" and second[-1] == IM_END
+    assert tokens["ids"] == render_prompt(calls_of(bodies, "p")[-1]["messages"]) + second[:-1]
+    assert [i for i, m in zip(tokens["ids"], tokens["mask"], strict=True) if m] == first + second[:-1]
 
 
 def test_a_tokenizer_that_cannot_be_loaded_leaves_tokens_null_in_one_line(tmp_path):
