@@ -59,7 +59,7 @@ class Command:
         if self.method == "cgroup":
             kill_cgroup(self.cgroup)
         elif self.method == "scan":
-            kill_tagged({self.tag})
+            kill_tagged_until_none({self.tag})
 
 
 def namespace_prefix() -> list[str]:
@@ -162,6 +162,21 @@ def cgroups_named(prefixes: set[str]) -> list[str]:
     with contextlib.suppress(OSError):
         return [os.path.join(base, n) for n in os.listdir(base) if any(n.startswith(p) for p in prefixes)]
     return []
+
+
+def kill_tagged_until_none(tags: set[str], wait: float = 2.0) -> None:
+    """kill_tagged again until two passes in a row, 10 ms apart, find no process with the tags (or `wait` is up).
+
+    One pass can miss one: a process forked after /proc was listed, or one in the middle of an exec, whose
+    environment cannot be read for that instant (the full suite's load showed a `setsid sleep` outliving its
+    command's end that way). Never raises.
+    """
+    deadline = time.monotonic() + wait
+    clean = 0
+    while clean < 2 and time.monotonic() < deadline:
+        clean = clean + 1 if kill_tagged(tags) == 0 else 0
+        if clean < 2:
+            time.sleep(0.01)
 
 
 def kill_tagged(tags: set[str], nested: bool = False) -> int:
