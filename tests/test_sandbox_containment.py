@@ -9,6 +9,8 @@ memory bomb end their own command only.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -134,6 +136,52 @@ def test_a_memory_bomb_ends_its_own_command_only(kind):
         assert sandbox.exec("python3 -c 'print(len(bytearray(100 * 2**20)))'", timeout=30).output == "104857600\n"
     finally:
         sandbox.cleanup()
+
+
+LIMITS = "grep -E '^Max (cpu time|file size|data size|processes) ' /proc/self/limits"
+
+
+def test_every_way_into_a_bwrap_sandbox_has_its_limits():
+    """The resident shell's commands, a command apart, a long-lived process: the limits asked for, soft and hard."""
+    sandbox = create(spec_for("bwrap", processes=77, memory_bytes=300 * 1024**2, file_size_bytes=5 * 1024**2))
+    try:
+        want = {
+            "cpu time": ["600", "600"],
+            "file size": [str(5 * 1024**2)] * 2,
+            "data size": [str(300 * 1024**2)] * 2,
+            "processes": ["77", "77"],
+        }
+
+        def parsed(text: str) -> dict:
+            rows = [line[4:].split() for line in text.splitlines()]
+            return {" ".join(row[:-3]): row[-3:-1] for row in rows}
+
+        assert parsed(sandbox.exec(LIMITS, timeout=30).output) == want
+        assert parsed(sandbox._exec_apart(LIMITS, timeout=30).output) == want
+        process = sandbox.start(["/bin/sh", "-c", LIMITS])
+        assert parsed(process.stdout.read().decode()) == want
+        process.kill()
+    finally:
+        sandbox.cleanup()
+
+
+def test_a_limit_the_sandbox_cannot_set_ends_its_start_with_why(tmp_path):
+    """Above the runner's own hard limit (which its sandbox user may not raise) the sandbox does not start."""
+    code = (
+        "import resource, sys; sys.path[:0] = ['tests']\n"
+        "resource.setrlimit(resource.RLIMIT_CPU, (100, 100))\n"
+        "from sandbox_support import create, spec_for\n"
+        "from agentbatch.sandboxes.base import SandboxError\n"
+        "try:\n"
+        "    print(create(spec_for('bwrap')).exec('echo started', timeout=30))\n"
+        "except SandboxError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (
+        "the sandbox did not start: cannot set the sandbox's limit --sandbox_cpu_seconds=600: it is above"
+        in done.stdout + done.stderr
+    ), done
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -91,9 +91,26 @@ esac
 _ERRORS = {3: FileNotFoundError, 4: IsADirectoryError, 5: OSError, 6: PermissionError, 8: PermissionError}
 
 
+def limits(s: SandboxSettings) -> str:
+    """The sandbox's limits as the first words of its `sh -c` (dash's ulimit: -d in KiB, -f in 512-byte blocks):
+    the limits apply inside the new user namespace, so the process count is this sandbox's alone. Set by the
+    shell bwrap starts rather than by a prlimit between them, one exec less at every sandbox's start (bench
+    (23)); a limit the shell cannot set (above the runner's own hard limit) ends the start, naming its flag."""
+    steps = [
+        ("p", s.processes, s.processes, "sandbox_processes"),
+        ("d", s.memory_bytes // 1024, s.memory_bytes, "sandbox_memory"),
+        ("f", s.file_size_bytes // 512, s.file_size_bytes, "sandbox_file_size"),
+        ("t", s.cpu_seconds, s.cpu_seconds, "sandbox_cpu_seconds"),
+    ]
+    why = "cannot set the sandbox's limit --{}={}: it is above this runner's own hard limit"
+    return "".join(
+        f'ulimit -{o} {v} 2>/dev/null || {{ echo "{why.format(f, n)}" >&2; exit 126; }}; ' for o, v, n, f in steps
+    )
+
+
 @cache
 def _tools() -> dict[str, str | None]:
-    return {name: shutil.which(name) for name in ("bwrap", "setpriv", "prlimit")}
+    return {name: shutil.which(name) for name in ("bwrap", "setpriv")}
 
 
 @cache
@@ -155,15 +172,15 @@ class BwrapSandbox:
         mounts += [(p, None, False) for p in PRIVATE_DIRS]
         mounts += [(d, None, False) for d in SYSTEM_DIRS if os.path.islink(d)]
         self._mounts = sorted(mounts, key=lambda m: len(m[0]), reverse=True)
-        self._outer, opts, self._inner = self._bwrap_args(system_args)
+        self._outer, opts, self._limits = self._bwrap_args(system_args)
         self._options = b"".join(o.encode() + b"\0" for o in opts)
         self._shell = SampleShell(self, BwrapSandbox._resident_shell)
 
     def _resident_shell(self) -> ResidentShell:
         return ResidentShell(self._shell_prefix, self._env, "/", self._lasting)
 
-    def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
-        """The command line before bwrap's options, the options (given on a pipe), and what follows them."""
+    def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], str]:
+        """The command line before bwrap's options, the options (given on a pipe), and the limits' shell prefix."""
         tools, s = _tools(), self.settings
         outer: list[str] = []
         if self._user:
@@ -187,25 +204,23 @@ class BwrapSandbox:
         if self.workdir != "/":
             opts += ["--remount-ro", "/"]
         opts += ["--chdir", self.workdir]
-        # The limits apply inside the new user namespace, so the process count is this sandbox's alone.
-        inner = ["--", tools["prlimit"], f"--nproc={s.processes}", f"--data={s.memory_bytes}"]
-        inner += [f"--fsize={s.file_size_bytes}", f"--cpu={s.cpu_seconds}", "--"]
-        return outer, opts, inner
+        return outer, opts, limits(s)
 
-    def _argv(self, command: list[str]) -> tuple[list[str], int]:
-        """The command line of one sandboxed command, and the pipe with bwrap's options (close it after)."""
+    def _argv(self, script: str, *args: str) -> tuple[list[str], int]:
+        """The command line of `sh -c script sh args` in a sandbox of its own, and the pipe with bwrap's options
+        (close it after)."""
         # Options on a pipe keep the host's paths out of PID 1's command line, which `ps` shows the model.
         read, write = os.pipe()
         os.write(write, self._options)
         os.close(write)
-        return [*self._outer, "--args", str(read), *self._inner, *command], read
+        return [*self._outer, "--args", str(read), "--", "/bin/sh", "-c", self._limits + script, "sh", *args], read
 
     def _shell_prefix(self) -> tuple[list[str], tuple[int, ...]]:
         """What starts the resident shell: this sandbox, the shell as its PID 1 (no bwrap init), its limits."""
         read, write = os.pipe()
         os.write(write, self._options + b"--as-pid-1\0")
         os.close(write)
-        inner = ["--", "/bin/sh", "-c", START_SHELL, "sh", *self._inner[1:]]
+        inner = ["--", "/bin/sh", "-c", self._limits + START_SHELL, "sh"]
         return [*self._outer, "--args", str(read), *inner], (read,)
 
     def exec(self, command: str, timeout: float) -> ExecResult:
@@ -214,7 +229,7 @@ class BwrapSandbox:
 
     def _exec_apart(self, command: str, timeout: float) -> ExecResult:
         """A command in a bwrap sandbox of its own over the same directories (the resident shell is busy)."""
-        argv, options = self._argv(["/bin/sh", "-c", START, "sh", command])
+        argv, options = self._argv(START, command)
         try:
             done = stream(
                 argv, env=self._env, cwd="/", timeout=timeout, kill=lambda proc: proc.kill(), pass_fds=(options,)
@@ -232,7 +247,7 @@ class BwrapSandbox:
         """A process in a bwrap sandbox of its own over the sample's directories: it sees the same files."""
         if not argv:
             raise SandboxError("no command to start")
-        command, options = self._argv(["/bin/sh", "-c", START_PROCESS, "sh", *argv])
+        command, options = self._argv(START_PROCESS, *argv)
 
         def popen() -> subprocess.Popen:
             return subprocess.Popen(
@@ -302,7 +317,7 @@ class BwrapSandbox:
         return None
 
     def _file_op(self, op: str, path: str, limit: str, data: bytes = b"") -> bytes:
-        argv, options = self._argv(["/bin/sh", "-c", FILE_OP, "sh", op, path, limit])
+        argv, options = self._argv(FILE_OP, op, path, limit)
         try:
             done = subprocess.run(
                 argv,
