@@ -30,6 +30,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 
 from docker.utils.socket import read as socket_read
 
@@ -223,8 +224,10 @@ class ContainerShell:
     holds it, or the image makes no FIFO): the sandbox then runs that one in an exec of its own."""
 
     def __init__(self, sandbox):
-        """`sandbox`: the DockerSandbox whose container the shell runs in (ResidentExec's)."""
-        self._box = sandbox
+        """`sandbox`: the DockerSandbox whose container the shell runs in (ResidentExec's), held weakly: it holds
+        this, so a strong reference made every docker sample's sandbox a cycle for the cyclic collector (as the
+        resident shell's factory did in bwrap and local, bench/RESULTS.md (10))."""
+        self._box = weakref.proxy(sandbox)
         self._lock = threading.Lock()
         self._shell: ResidentExec | None = None
         self.refused = False  # the image cannot make a FIFO, or its shell would not start
