@@ -7,11 +7,14 @@ for it in the host's /proc.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import subprocess
 import sys
 import time
+import weakref
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import pytest
@@ -159,3 +162,19 @@ class PeakTreeMemory:
     def __exit__(self, *exc) -> None:
         self._halt.set()
         self._thread.join()
+
+
+def freed_without_the_collector(made_and_used: Callable[[], Sandbox]) -> bool:
+    """Whether the sandbox `made_and_used()` returns is freed once cleaned up and dropped, with the cyclic
+    collector off: a sandbox in a reference cycle waits for the collector, whose collections then walk every
+    sample in flight (bench/RESULTS.md, (10))."""
+    gc.collect()
+    gc.disable()
+    try:
+        sandbox = made_and_used()
+        sandbox.cleanup()
+        gone = weakref.ref(sandbox)
+        del sandbox
+        return gone() is None
+    finally:
+        gc.enable()

@@ -9,13 +9,12 @@ runner's own kill-everything command (exec_alone) run in execs of their own.
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
-import weakref
 
 import conftest_docker
 import pytest
+from sandbox_support import freed_without_the_collector
 
 from agentbatch.sandboxes import registry
 from agentbatch.sandboxes.base import Resources, SandboxError, SandboxSettings, SandboxSpec
@@ -136,15 +135,11 @@ def test_a_container_sandbox_is_freed_as_its_sample_drops_it_without_the_cyclic_
     """Its resident shell held it strongly: every docker sample's sandbox was a reference cycle, left for the
     cyclic collector (as in bwrap and local, test_resident_shell)."""
     spec = SandboxSpec(SandboxSettings(kind="docker"), image=docker_images[0], run_name=docker_run_name)
-    gc.collect()
-    gc.disable()
-    try:
+
+    def made_and_used():
         box = registry.get("docker").create(spec)
         assert box.exec("echo ran", 30).output == "ran\n"
         assert parent_of_command(box) != "0"  # the commands ran in the resident shell
-        box.cleanup()
-        gone = weakref.ref(box)
-        del box
-        assert gone() is None, "the sandbox outlived its last reference: it is part of a reference cycle"
-    finally:
-        gc.enable()
+        return box
+
+    assert freed_without_the_collector(made_and_used), "the sandbox outlived its last reference: it is in a cycle"

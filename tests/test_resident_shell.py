@@ -12,7 +12,6 @@ and the next session's reap removes the sample's directory.
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 import signal
@@ -20,12 +19,11 @@ import subprocess
 import tempfile
 import threading
 import time
-import weakref
 from pathlib import Path
 
 import pytest
 from cli_helpers import assert_clean_exit, run_cli, start_cli, write_dataset
-from sandbox_support import alive, create, new_marker, pids_with, spec_for, wait_gone
+from sandbox_support import alive, create, freed_without_the_collector, new_marker, pids_with, spec_for, wait_gone
 from scripted_server import ScriptedServer
 
 from agentbatch.sandboxes.base import SandboxError
@@ -199,19 +197,14 @@ def test_a_sandbox_is_freed_as_its_sample_drops_it_without_the_cyclic_collector(
     # Its resident shell's factory closed over the sandbox: every sample's sandbox was a reference cycle, left for
     # the collector, whose collections then walked all 1,024 samples in flight (bench (10): +0.3 s of each
     # worker's CPU, +8 MiB).
-    gc.collect()
-    gc.disable()
-    try:
+    def made_and_used():
         made = create(spec_for(kind))
         if command is not None:
             assert made.exec(command, 30).exit_code == 0
             assert made._shell.current is not None  # the command ran in the resident shell
-        made.cleanup()
-        gone = weakref.ref(made)
-        del made
-        assert gone() is None, "the sandbox outlived its last reference: it is part of a reference cycle"
-    finally:
-        gc.enable()
+        return made
+
+    assert freed_without_the_collector(made_and_used), "the sandbox outlived its last reference: it is in a cycle"
 
 
 def test_outside_a_pid_namespace_the_shell_kills_no_other_process(tmp_path):
