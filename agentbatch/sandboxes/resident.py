@@ -8,10 +8,10 @@ bwrap and local sandboxes start this shell once, at their first command, and han
 - the shell forks a subshell in the foreground, in a process group of its own (job control), with no signal
   ignored; it takes /dev/null as stdin and the output pipe as stdout and stderr, closes every descriptor of
   the shell's own, goes to the working directory and runs the text as `bash -c` would (`eval` of
-  BASH_EXECUTION_STRING, from line 1). The limits (bwrap's, set by the shell that starts it) are the shell's, so each process's own
-  as before; what differs from a `bash -c` of its own: `$$` is the shell's PID (1), a syntax error says
-  `eval:` where it said `-c:`, and a command that stops itself ends (exit 147) instead of waiting for its
-  deadline;
+  BASH_EXECUTION_STRING, from line 1). The limits (bwrap's, set by the sh that starts the shell) are the
+  shell's, so each process's own as before; what differs from a `bash -c` of its own: `$$` is the shell's
+  PID (1), a syntax error says `eval:` where it said `-c:`, and a command that stops itself ends (exit 147)
+  instead of waiting for its deadline;
 - once the subshell has exited, the shell, PID 1, kills every other process of the namespace (`kill -9 -1`),
   waits until none is left, and only then writes the exit code on the status pipe: all the command's output
   is in the output pipe by then, and nothing it started runs on.
