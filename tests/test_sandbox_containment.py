@@ -165,23 +165,26 @@ def test_every_way_into_a_bwrap_sandbox_has_its_limits():
         sandbox.cleanup()
 
 
-def test_a_limit_the_sandbox_cannot_set_ends_its_start_with_why(tmp_path):
-    """Above the runner's own hard limit (which its sandbox user may not raise) the sandbox does not start."""
+def test_a_limit_the_sandbox_cannot_set_ends_its_start_with_why():
+    """Above the runner's own hard limit (which its sandbox user may not raise) the sandbox does not start, and
+    says which limit: in a process whose hard CPU limit is 100 s, a sandbox that asks for 600."""
     code = (
-        "import resource, sys; sys.path[:0] = ['tests']\n"
+        "import resource\n"
         "resource.setrlimit(resource.RLIMIT_CPU, (100, 100))\n"
-        "from sandbox_support import create, spec_for\n"
-        "from agentbatch.sandboxes.base import SandboxError\n"
-        "try:\n"
-        "    print(create(spec_for('bwrap')).exec('echo started', timeout=30))\n"
-        "except SandboxError as e:\n"
-        "    print('refused:', e)\n"
+        "from agentbatch.sandboxes import bwrap\n"
+        "from agentbatch.sandboxes.base import SandboxSettings\n"
+        "print(bwrap.probe(SandboxSettings(kind='bwrap', cpu_seconds=600)))\n"
+        "print(bwrap.probe(SandboxSettings(kind='bwrap', cpu_seconds=600, network=True)) is None)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert (
-        "the sandbox did not start: cannot set the sandbox's limit --sandbox_cpu_seconds=600: it is above"
-        in done.stdout + done.stderr
-    ), done
+    refused, _ = done.stdout.splitlines()
+    want = "the sandbox did not start: cannot set the sandbox's limit --sandbox_cpu_seconds=600: it is above"
+    assert refused.startswith(want), done
+    # The same process starts a sandbox that asks for no more than its hard limit.
+    done = subprocess.run(
+        [sys.executable, "-c", code.replace("600", "90")], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.splitlines() == ["None", "True"], done
 
 
 @pytest.mark.parametrize("kind", KINDS)
