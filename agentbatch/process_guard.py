@@ -4,6 +4,10 @@
   samples whose results nobody will record. The kernel's parent-death signal kills it with the runner.
 - A tool's fork: a process a worker forks (a tool calling os.fork, or multiprocessing) would outlive it
   forever; it dies with the thread that forked it, so at the latest with its worker.
+- A tool's subprocess: a process a tool starts with `subprocess` (which forks without the at-fork hook) and
+  leaves running is ended with its worker: at the worker's end by the worker, and by the runner when it kills
+  a worker (Ctrl-C with samples in flight), every process below the worker stopped first, then killed. A
+  process that left the worker's tree (a double fork, a daemon) before that is beyond reach.
 - Inspection: a local-sandbox command runs as the runner's user, so it could read the API key out of the
   runner's or a worker's memory (/proc/<pid>/mem, ptrace). A non-dumpable process refuses both to any
   process lacking CAP_SYS_PTRACE. (A runner started as root gives its commands that capability: there only
@@ -14,12 +18,14 @@ Linux only; elsewhere every function here does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterable
 
 import agentbatch.secrets_guard as secrets_guard
@@ -83,3 +89,71 @@ def guard_worker(secrets: Iterable[str], die_with_parent: bool = True) -> None:
     forbid_inspection()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     secrets_guard.redact_logs(secrets_guard.Redactor(secrets))
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of `pid` (zombies left out: they run nothing, and are their parent's to reap)."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/stat", "rb") as f:
+                    state = f.read().rpartition(b")")[2].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in (b"Z", b"X"):
+                found.append(kid)
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, parents before their children."""
+    found, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def end_tree(pid: int, include_root: bool = True, within: float = 2.0) -> None:
+    """Kill every process below `pid` (and `pid` itself with `include_root`): each stopped as it is found, so that
+    none forks past the walk, then all killed, until a walk finds none left (or `within` seconds passed)."""
+    if not sys.platform.startswith("linux"):
+        return
+    if include_root:
+        _signal_all([pid], signal.SIGSTOP)
+    deadline = time.monotonic() + within
+    while True:
+        found, seen = [], set()
+        while True:  # stop what the walk finds, and walk again until it finds nothing new
+            new = [p for p in descendants(pid) if p not in seen]
+            if not new:
+                break
+            _signal_all(new, signal.SIGSTOP)
+            seen.update(new)
+            found += new
+        _signal_all(([pid] if include_root else []) + found, signal.SIGKILL)
+        if not found or time.monotonic() > deadline:
+            return
+        time.sleep(0.005)  # the killed leave the walk as they die; what they forked before shows on the next
+
+
+def end_own_children() -> None:
+    """At a worker's end: end every process its tools started and left running."""
+    end_tree(os.getpid(), include_root=False)

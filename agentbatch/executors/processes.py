@@ -116,6 +116,7 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
         inbox.put(_STOP)
     for t in pool:
         t.join()
+    process_guard.end_own_children()  # what a tool started with subprocess and left running ends with its worker
 
 
 def _name_process(name: str) -> None:
@@ -158,6 +159,12 @@ class _Worker:
                 self.tasks.send(task)
         except OSError:  # it died: its sentinel says so, and the samples it held are failed then
             pass
+
+    def kill(self) -> None:
+        """Kill the worker at once, and every process below it (what its tools and sandboxes started)."""
+        if self.process.pid is not None and self.process.exitcode is None:
+            process_guard.end_tree(self.process.pid)
+        self.process.kill()
 
     def close(self) -> None:
         self.tasks.close()
@@ -234,7 +241,7 @@ class LocalExecutor:
         slots = self._slots
         for i, w in enumerate(list(self.workers)):
             if slots is None or slots.held[i]:
-                w.process.kill()
+                w.kill()
 
     def _parent_ends(self) -> list[Connection]:
         return [self._woken, self._waker, *(c for w in self.workers for c in (w.tasks, w.results))]
@@ -290,7 +297,7 @@ def _drain(conn: Connection, timeout: float) -> tuple[list[SampleOutcome], bool]
 def _stop(workers: list[_Worker], slots: Slots | None) -> None:
     for i, w in enumerate(workers):
         if slots is not None and slots.held[i]:  # interrupted with samples in flight: do not wait for them
-            w.process.kill()
+            w.kill()
         else:
             w.send(_STOP)
 
@@ -299,6 +306,6 @@ def _join(workers: list[_Worker]) -> None:
     for w in workers:
         w.process.join(timeout=10)
         if w.process.is_alive():
-            w.process.kill()
+            w.kill()
             w.process.join(timeout=5)
         w.close()
