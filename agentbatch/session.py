@@ -388,11 +388,12 @@ class Session:
         self.recorder.on_trajectory = self.tally.add_trajectory
 
     def _warn_unavailable_tools(self) -> None:
-        """One warning per missing backend, for the toolsets this distribution can sample, once at start."""
+        """One warning per missing backend, for the toolsets this distribution can sample and the run's own toolsets
+        it offers to every sample, once at start."""
         by_reason: dict[str, list[str]] = {}
-        tools = load_tools()
+        tools, dist = load_tools(), self.s.distribution
         for name, reason in unavailable_tools(self.cfg.tools).items():
-            if tools[name].toolset in self.s.distribution.probabilities:
+            if tools[name].toolset in dist.probabilities or tools[name].toolset in dist.always:
                 by_reason.setdefault(reason, []).append(name)
         for reason, names in by_reason.items():
             print(f"warning: not offered: {', '.join(names)}: {reason}", file=sys.stderr)
