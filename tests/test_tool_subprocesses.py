@@ -3,7 +3,7 @@
 A tool's `subprocess.Popen` forks without the at-fork hook that ends an `os.fork` child with its worker
 (process_guard), so such a process, and what it started, outlived the run. Now the worker ends every process
 below it at its end, and the runner, when it kills a worker (two Ctrl-C with samples in flight), ends the
-worker's whole tree first.
+worker's whole tree first. On Ray, Ray's raylet does it for its actors.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import signal
 import time
 
+import pytest
 from cli_helpers import assert_clean_exit, run_cli, start_cli, thinking, write_dataset
 from scripted_server import ScriptedServer
 
@@ -118,3 +119,14 @@ def test_a_tools_subprocess_ends_when_the_run_is_quit_with_samples_in_flight(tmp
                 os.killpg(proc.pid, signal.SIGKILL)
     assert code == 130, proc.stderr.read()
     assert_ended(started)
+
+
+def test_on_ray_a_tools_subprocess_ends_with_the_run(tmp_path):
+    """On Ray the actors' processes are Ray's: its raylet ends a worker's child processes with the worker
+    (`kill_child_processes_on_worker_exit`), so a tool's process ends with the run there too."""
+    pytest.importorskip("ray")
+    pid_file = tmp_path / "server.pid"
+    with ScriptedServer(script={"p": [calls("start_server", pid_file=str(pid_file)), thinking("done")]}) as server:
+        proc = run_cli(args_for(tmp_path, "--ray_address=local"), tmp_path, server, timeout=300)
+    assert_clean_exit(proc)
+    assert_ended(pids(pid_file))
