@@ -148,6 +148,18 @@ class RunDir:
         return {p.name: p.read_bytes() for p in self.path.glob("batch_*.jsonl")}
 
 
+def running_as(pid: int, comm: str) -> bool:
+    """Whether `pid` is a live process (not a zombie) named `comm`: not gone, nor its pid used again by another."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X") and name == comm
+
+
 def assert_clean_exit(proc, code: int = 0) -> None:
     """The CLI exited with `code` and printed no traceback."""
     assert proc.returncode == code, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"

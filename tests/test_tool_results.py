@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from cli_helpers import RunDir, assert_clean_exit, run_cli, thinking, write_dataset
+from cli_helpers import RunDir, assert_clean_exit, run_cli, running_as, thinking, write_dataset
 from scripted_server import ScriptedServer
 
 from agentbatch.tools.results import cap_output, result_text
@@ -180,14 +180,7 @@ def test_a_tool_raising_keyboard_interrupt_or_cancelled_error_fails_that_call_an
 
 def _gone(pid: int) -> bool:
     """Whether the process is gone: no such pid, a zombie, or a pid used again by another program."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-        with open(f"/proc/{pid}/comm") as f:
-            comm = f.read().strip()
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X") or comm != "br-worker"
+    return not running_as(pid, "br-worker")
 
 
 def test_what_a_tool_forks_never_runs_the_sample_on_and_dies_with_its_worker(tmp_path):

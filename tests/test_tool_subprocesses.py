@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from cli_helpers import assert_clean_exit, run_cli, start_cli, thinking, write_dataset
+from cli_helpers import assert_clean_exit, run_cli, running_as, start_cli, thinking, write_dataset
 from scripted_server import ScriptedServer
 
 POPENS = '''
@@ -63,14 +63,7 @@ def args_for(tmp_path, *flags) -> list[str]:
 
 def running(pid: int) -> bool:
     """Whether `pid` is still a live `sleep` (not gone, not a zombie, not a pid used again)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-        with open(f"/proc/{pid}/comm") as f:
-            comm = f.read().strip()
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X") and comm == "sleep"
+    return running_as(pid, "sleep")
 
 
 def pids(pid_file) -> list[int]:
