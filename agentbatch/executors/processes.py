@@ -112,11 +112,17 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
                 inbox.put(task)
             elif not run(task):
                 break
+    _finish(pool, inbox)
+
+
+def _finish(pool: list[threading.Thread], inbox: queue.SimpleQueue) -> None:
+    """A worker's end: every slot told to stop and joined, then what its tools started with subprocess and left
+    running ended (process_guard)."""
     for _ in pool:
         inbox.put(_STOP)
     for t in pool:
         t.join()
-    process_guard.end_own_children()  # what a tool started with subprocess and left running ends with its worker
+    process_guard.end_own_children()
 
 
 def _name_process(name: str) -> None:
