@@ -20,6 +20,7 @@ Actors reserve no CPU (they mostly wait) and are spread over the nodes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -55,6 +56,12 @@ class SampleActor:
     @ray.method(concurrency_group="control")  # answers even while every slot is busy
     def pid(self) -> int:
         return os.getpid()
+
+    @ray.method(concurrency_group="control")
+    def end(self) -> None:
+        """Before Ray kills the actor: end what its tools started with subprocess and left running. Ray's own end
+        of a worker's children reaches its direct children only; what those started went on running."""
+        process_guard.end_own_children()
 
 
 class RayExecutor:
@@ -115,6 +122,8 @@ class RayExecutor:
                     slots.release(task.key)
                     yield self._outcome(ref, worker, actor, task)
         finally:
+            with contextlib.suppress(Exception):  # a dead actor's end fails; the others' still run
+                ray.wait([a.end.remote() for a in self.actors], num_returns=len(self.actors), timeout=10)
             for actor in self.actors:
                 ray.kill(actor)
             self.actors = []
