@@ -135,6 +135,8 @@ def run_sample(
         before = task.hooks.before_agent(hooked) if task.hooks is not None else None
         tools = offered_tools(task.toolsets, cfg.tools) + (task.hooks.tools(hooked, before) if task.hooks else [])
         prompt = task.hooks.prompt(hooked, before, task.prompt) if task.hooks is not None else task.prompt
+        if tools:  # its commands may come: their sandbox starts while the model thinks, where that pays
+            ctx.start_sandbox_early()
         prefill, logprobs = cfg.prefill, cfg.model.logprobs
         result = run_agent(
             prompt, clients.chat, tools, ctx, cfg.max_turns, cfg.system_prompt, prefill, logprobs, recorder

@@ -213,12 +213,14 @@ class Backend(abc.ABC):
 
     One instance per process (registry.get). In order: `prepare_run` once per session in the runner, then
     `prepare_all` there for the images and builds the run's entries name, `prepare` for each sample before any
-    model call, `create` when a sample first needs its sandbox,
+    model call, `create` when a sample first needs its sandbox (or, for a backend that `warms`, beside its first
+    model call, then `warm`),
     `cleanup` when the sample ends, whatever happened; `reap` in the parent for what dead sessions left.
     """
 
     name = ""  # set by the registration
     takes_images = False  # whether a row's image can run in it (else such rows run in docker)
+    warms = False  # whether `warm` starts anything: only then is a sandbox made before its sample first uses it
 
     def prepare_run(self, settings: SandboxSettings) -> str:
         """Once per session, in the runner: check this backend works here (SandboxError if not); the line it prints."""
@@ -249,6 +251,19 @@ class Backend(abc.ABC):
 
         `interrupted`: the sample did not run to its end (an error, a lost sandbox, a stopping worker).
         """
+
+    def warm(self, sandbox: Sandbox) -> bool:
+        """Start, without waiting for it, what the sandbox's first command needs; whether anything started. Never
+        raises: what cannot start says why at the first command.
+
+        Called beside a sample's first model call while this worker's samples have been running commands
+        (sandboxes/early.py), so that the start is paid while the model thinks. The default starts nothing.
+        """
+        return False
+
+    def ran_commands(self, sandbox: Sandbox) -> bool | None:
+        """Whether the sample ran a command in the sandbox (what early.py learns from); None: not known."""
+        return None
 
     def reap(self, labels: dict[str, str]) -> int:
         """In the runner: remove what dead sessions left (sandboxes carrying these labels); how many."""

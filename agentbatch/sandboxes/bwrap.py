@@ -8,8 +8,8 @@ namespaces (and network, with `network=False`), without capabilities, as `nobody
 (else as the runner's own uid), with no_new_privs, under rlimits (processes, data size, file size, CPU
 time) and an OOM score that makes the kernel kill it before the runner.
 
-The sandbox is made at the sample's first command: bwrap (with --die-with-parent) starts the sample's
-resident shell as PID 1 of its PID namespace (resident.py), and every command is a fork of that shell.
+The sandbox is made at the sample's first command, or beside its first model call (early.py): bwrap (with
+--die-with-parent) starts the sample's resident shell as PID 1 of its PID namespace (resident.py), and every command is a fork of that shell.
 Containment by construction: when a command's shell exits, PID 1 kills every other process of the
 namespace and waits for them to be gone before it reports the exit code; when the deadline passes, or
 when the worker dies, bwrap dies, PID 1 with it, and the kernel kills everything left in the namespace:
@@ -223,6 +223,15 @@ class BwrapSandbox:
         inner = ["--", "/bin/sh", "-c", self._limits + START_SHELL, "sh"]
         return [*self._outer, "--args", str(read), *inner], (read,)
 
+    def warm(self) -> bool:
+        """Start the resident shell now, without waiting for it (early.py); whether one started."""
+        return self._shell.launch()
+
+    @property
+    def ran_commands(self) -> bool:
+        """Whether a command asked for the resident shell."""
+        return self._shell.used
+
     def exec(self, command: str, timeout: float) -> ExecResult:
         done = self._shell.run(command, timeout)
         return done if done is not None else self._exec_apart(command, timeout)
@@ -432,3 +441,11 @@ class BwrapBackend(sandbox_dirs.WorkerDirBackend):
 
     def create(self, spec: SandboxSpec) -> BwrapSandbox:
         return BwrapSandbox(spec)
+
+    warms = True
+
+    def warm(self, sandbox: BwrapSandbox) -> bool:
+        return sandbox.warm()
+
+    def ran_commands(self, sandbox: BwrapSandbox) -> bool | None:
+        return sandbox.ran_commands

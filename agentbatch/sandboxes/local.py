@@ -79,6 +79,18 @@ class LocalSandbox:
                 raise SandboxError(f"cannot make the command's cgroup: {e}") from e
         return containment.Command(self.method, command, tag, cgroup)
 
+    def warm(self) -> bool:
+        """Start the resident shell now, without waiting for it (early.py); whether one started."""
+        if self.method != "pidns":
+            return False
+        self._made()
+        return self._shell.launch()
+
+    @property
+    def ran_commands(self) -> bool | None:
+        """Whether a command asked for the resident shell; None where the method has none."""
+        return self._shell.used if self.method == "pidns" else None
+
     def exec(self, command: str, timeout: float) -> ExecResult:
         self._made()
         done = self._shell.run(command, timeout) if self.method == "pidns" else None
@@ -216,3 +228,11 @@ class LocalBackend(sandbox_dirs.WorkerDirBackend):
 
     def create(self, spec: SandboxSpec) -> LocalSandbox:
         return LocalSandbox(spec.cwd, spec.settings.local_containment)
+
+    warms = True
+
+    def warm(self, sandbox: LocalSandbox) -> bool:
+        return sandbox.warm()
+
+    def ran_commands(self, sandbox: LocalSandbox) -> bool | None:
+        return sandbox.ran_commands

@@ -29,6 +29,11 @@ _starter: tuple[int, queue.SimpleQueue] | None = None  # (the process it belongs
 
 def on_lasting_thread(fn: Callable[[], T]) -> T:
     """fn's result (or exception), fn run on this process's own starter thread."""
+    return on_lasting_thread_soon(fn).result()
+
+
+def on_lasting_thread_soon(fn: Callable[[], T]) -> Future:
+    """fn handed to this process's own starter thread: its future result, without waiting for it."""
     global _starter
     with _starter_lock:
         if _starter is None or _starter[0] != os.getpid():  # none yet, or a forked copy without the thread
@@ -38,7 +43,7 @@ def on_lasting_thread(fn: Callable[[], T]) -> T:
         inbox = _starter[1]
     done: Future = Future()
     inbox.put((fn, done))
-    return done.result()
+    return done
 
 
 def stop_lasting_thread() -> None:

@@ -2,7 +2,8 @@
 
 Making a sandbox (namespaces, mounts, setpriv, prlimit, a shell) cost 11-12 ms of the machine's CPU for every
 command; a fork of a shell that is already there costs a fraction of one (bench/RESULTS.md, (23)). So the
-bwrap and local sandboxes start this shell once, at their first command, and hand it each command:
+bwrap and local sandboxes start this shell once, at their first command or beside the sample's first model call
+(early.py), and hand it each command:
 
 - the command's text goes into a memfd only the shell holds, a newline on its stdin says "run it";
 - the shell forks a subshell in the foreground, in a process group of its own (job control), with no signal
@@ -40,11 +41,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from agentbatch.sandboxes.base import ExecResult, SandboxError, one_line
 from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput, Streamed
-from agentbatch.sandboxes.process import on_lasting_thread
+from agentbatch.sandboxes.process import on_lasting_thread_soon
 
 BASH = "/bin/bash"  # what every command ran in before, the host's own in bwrap and local alike
 READY = "ready"
@@ -150,52 +152,94 @@ class ResidentShell:
     ):
         self.lock = threading.Lock()
         self._lasting = lasting
+        self._how = (prefix, env, cwd)
         self.dead = False
+        self._ready = False
         self._proc: subprocess.Popen | None = None
+        self._popen: Future | None = None  # the process's start, handed to the lasting thread, until `_started`
         self._buffer = b""
         self._req = self._status = self._out = self._command = -1
         self._command = os.memfd_create("command", os.MFD_CLOEXEC)
         os.fchmod(self._command, 0o444)  # its user may read it, not write it (this process writes through its fd)
-        shell = shell_fd()
-        why = self._start(prefix, env, cwd, shell)
-        if why is not None and shell is not None and "fd/" in why:
+        self._shell = shell_fd()
+        # Started now, waited for at the first command (`ready`): a shell started beside the sample's first model
+        # call comes up while the model thinks (early.py).
+        self._why: str | None = self._launch(self._shell)
+
+    def ready(self) -> None:
+        """Wait until the shell has said it is ready (at once after the first time); SandboxError if it cannot start."""
+        if self._ready:
+            return
+        why = self._why or self._await_ready()
+        if why is not None and self._shell is not None and "fd/" in why:
             forget_shell()  # this kernel would not execute the copy (a noexec memfd): plain bash from now on
-            why = self._start(prefix, env, cwd, None)
+            self._shell = None
+            why = self._launch(None) or self._await_ready()
         if why is not None:
             self.close()
             raise SandboxError(f"the sandbox did not start: {why}")
+        self._ready = True
 
-    def _start(self, prefix, env: dict, cwd: str, shell: int | None) -> str | None:
-        """Start the shell and wait for it to say it is ready; None once it is, else why not."""
+    def _launch(self, shell: int | None) -> str | None:
+        """Start the shell without waiting for it, nor for its process (`_started`): None, or why it cannot start."""
         self._close_pipes()
+        prefix, env, cwd = self._how
         req_r, self._req = os.pipe()
         self._status, status_w = os.pipe()
         self._out, out_w = os.pipe()
-        head, pass_fds = prefix()
+        os.set_blocking(self._out, False)
+        try:
+            head, pass_fds = prefix()
+        except (SandboxError, OSError) as e:
+            for fd in (req_r, status_w, out_w):
+                os.close(fd)
+            return str(e)
         path = f"/proc/self/fd/{shell}" if shell is not None else BASH
         argv = [*head, path, "-c", runner_script(out_w, self._command, shell), "/bin/bash"]  # $0 as before
         fds = (*pass_fds, out_w, self._command, *(() if shell is None else (shell,)))
 
         def popen() -> subprocess.Popen:
-            return subprocess.Popen(
-                argv,
-                stdin=req_r,
-                stdout=status_w,
-                stderr=status_w,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-                pass_fds=fds,
-            )
+            try:
+                return subprocess.Popen(
+                    argv,
+                    stdin=req_r,
+                    stdout=status_w,
+                    stderr=status_w,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,
+                    pass_fds=fds,
+                )
+            finally:
+                for fd in (req_r, status_w, out_w, *pass_fds):
+                    os.close(fd)
 
-        try:
-            self._proc = on_lasting_thread(popen) if self._lasting else popen()
-        except OSError as e:
-            return f"cannot start its shell: {e}"
-        finally:
-            for fd in (req_r, status_w, out_w, *pass_fds):
-                os.close(fd)
-        os.set_blocking(self._out, False)
+        if self._lasting:
+            self._popen = on_lasting_thread_soon(popen)  # the caller goes on (to its model call) meanwhile
+        else:
+            self._popen = Future()
+            try:
+                self._popen.set_result(popen())
+            except OSError as e:
+                self._popen.set_exception(e)
+        return None
+
+    def _started(self) -> str | None:
+        """Wait for the shell's process to have been started: None once it was, else why not."""
+        if self._popen is not None:
+            popen, self._popen = self._popen, None
+            try:
+                self._proc = popen.result()
+            except OSError as e:
+                return f"cannot start its shell: {e}"
+        return None
+
+    def _await_ready(self) -> str | None:
+        """Wait for the launched shell to say it is ready; None once it did, else why not (and it is ended)."""
+        why = self._started()
+        if why is not None:
+            self._end()
+            return why
         started = self._line(time.monotonic() + START_TIMEOUT)
         if started == READY:
             return None
@@ -206,11 +250,13 @@ class ResidentShell:
     @property
     def pid(self) -> int | None:
         """The host PID of the process that holds the shell (bwrap, or unshare), None once it ended."""
+        self._started()
         return self._proc.pid if self._proc is not None else None
 
     def run(self, command: str, timeout: float) -> Streamed:
         """Run one command (the caller holds `lock`); past `timeout` the shell is killed, and the command with it."""
         text = request(command)
+        self.ready()
         if self.dead:
             raise ShellEnded("the sandbox's shell has ended")
         os.ftruncate(self._command, 0)
@@ -288,6 +334,7 @@ class ResidentShell:
     def kill(self) -> None:
         """End the shell at once, and its namespace with everything in it."""
         self.dead = True
+        self._started()
         if self._proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
@@ -305,6 +352,7 @@ class ResidentShell:
         with contextlib.suppress(OSError):
             os.close(self._req)
         self._req = -1
+        self._started()
         proc, self._proc = self._proc, None
         if proc is not None:
             try:
@@ -327,8 +375,9 @@ class ResidentShell:
 
 
 class SampleShell:
-    """A sandbox's one resident shell: started at its first command (again once it ended), lent to one command at
-    a time. `run` is None while another command holds it: the sandbox then runs that one apart.
+    """A sandbox's one resident shell: started at its first command (again once it ended), or before it by `launch`,
+    lent to one command at a time. `run` is None while another command holds it: the sandbox then runs that one
+    apart.
 
     `make(owner)` starts the shell of `owner`, the sandbox, which is held weakly: a factory closing over the
     sandbox that holds it made every sandbox a reference cycle, freed only by the cyclic collector, whose
@@ -340,6 +389,7 @@ class SampleShell:
         self._make = make
         self._lock = threading.Lock()
         self._shell: ResidentShell | None = None
+        self.used = False  # whether a command asked for the shell (early.py learns from it)
 
     @property
     def current(self) -> ResidentShell | None:
@@ -358,7 +408,27 @@ class SampleShell:
             return ExecResult(done.output.text(), -9, timed_out=True)
         return ExecResult(done.output.text(), done.returncode)
 
+    def launch(self) -> bool:
+        """Start the shell now without waiting for it (beside the sample's first model call); whether one started.
+
+        Never raises: a shell that cannot start says why at the first command, which starts another."""
+        with self._lock:
+            if self._shell is not None and not self._shell.dead:
+                return False
+            owner = self._owner()
+            if owner is None:
+                return False
+            if self._shell is not None:
+                self._shell.close()
+                self._shell = None
+            try:
+                self._shell = self._make(owner)
+            except (SandboxError, OSError):
+                return False
+            return True
+
     def _lend(self) -> ResidentShell | None:
+        self.used = True
         with self._lock:
             if self._shell is not None and self._shell.dead:
                 self._shell.close()

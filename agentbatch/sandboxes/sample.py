@@ -1,10 +1,11 @@
-"""One sample's sandbox from its first use to its end: made by its backend under a start permit, removed by it."""
+"""One sample's sandbox from its first use (or beside its first model call) to its end: made by its backend under a
+start permit, removed by it."""
 
 from __future__ import annotations
 
 import logging
 
-from agentbatch.sandboxes import registry
+from agentbatch.sandboxes import early, registry
 from agentbatch.sandboxes.base import Backend, Sandbox, SandboxError, SandboxSpec
 from agentbatch.sandboxes.starts import start_permit
 
@@ -20,6 +21,7 @@ class SampleSandbox:
         # Why the sandbox could not be made: the environment's fault, not the model's.
         self.error: SandboxError | None = None
         self._sandbox: Sandbox | None = None
+        self._could_start_early = False  # start_early was asked: the sample's end teaches early.policy
 
     @property
     def made(self) -> bool:
@@ -39,9 +41,32 @@ class SampleSandbox:
                     raise
         return self._sandbox
 
+    def start_early(self) -> None:
+        """Beside the sample's first model call: make the sandbox and start what its first command needs, without
+        waiting for it, where the backend warms and this worker's samples have been running commands (early.py).
+        Never raises, never waits: what fails here is tried again, and said, at the first use."""
+        if not self.backend.warms or self._sandbox is not None:
+            return
+        self._could_start_early = True
+        if not early.policy.want():
+            return
+        with start_permit(self.spec.settings.starts, 0) as started:
+            if not started:
+                return
+            try:
+                self._sandbox = self.backend.create(self.spec)
+            except (SandboxError, OSError):
+                return
+        self.backend.warm(self._sandbox)
+
     def close(self, interrupted: bool = False) -> None:
         """Remove the sandbox, if one was made, and everything running in it; never raises."""
         sandbox, self._sandbox = self._sandbox, None
+        if self._could_start_early:
+            self._could_start_early = False
+            ran = self.backend.ran_commands(sandbox) if sandbox is not None else False
+            if ran is not None:
+                early.policy.learn(ran)
         if sandbox is not None:
             try:
                 self.backend.cleanup(sandbox, interrupted)

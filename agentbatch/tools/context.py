@@ -62,6 +62,10 @@ class ToolContext:
         """The prompt's sandbox, created on first use (TimeoutError, ended as "time", if the time limit comes first)."""
         return self._sandbox.get(self.limits.time_left())
 
+    def start_sandbox_early(self) -> None:
+        """Start the sandbox beside the first model call, where that pays (sandboxes/early.py); never raises."""
+        self._sandbox.start_early()
+
     @property
     def has_sandbox(self) -> bool:
         """Whether the prompt's sandbox was made (by a tool, the setup or the check) and is still there."""
