@@ -16,7 +16,7 @@ import threading
 from collections import deque
 
 WINDOW = 16  # the last samples (offered tools) whose use decides
-UNPROVEN = 32  # early starts a worker makes before any of its samples has shown whether commands come
+UNPROVEN = 64  # early starts a worker makes before any of its samples has shown whether commands come (a wave)
 
 
 class EarlyStarts:

@@ -41,16 +41,17 @@ class SampleSandbox:
                     raise
         return self._sandbox
 
-    def start_early(self) -> None:
+    def start_early(self, time_left: float | None = None) -> None:
         """Beside the sample's first model call: make the sandbox and start what its first command needs, without
         waiting for it, where the backend warms and this worker's samples have been running commands (early.py).
-        Never raises, never waits: what fails here is tried again, and said, at the first use."""
+        Waits only for a start permit, as a first use would (a warming backend's `create` is quick); never raises:
+        what fails here is tried again, and said, at the first use."""
         if not self.backend.warms or self._sandbox is not None:
             return
         self._could_start_early = True
         if not early.policy.want():
             return
-        with start_permit(self.spec.settings.starts, 0) as started:
+        with start_permit(self.spec.settings.starts, time_left) as started:
             if not started:
                 return
             try:

@@ -64,7 +64,7 @@ class ToolContext:
 
     def start_sandbox_early(self) -> None:
         """Start the sandbox beside the first model call, where that pays (sandboxes/early.py); never raises."""
-        self._sandbox.start_early()
+        self._sandbox.start_early(self.limits.time_left())
 
     @property
     def has_sandbox(self) -> bool:
