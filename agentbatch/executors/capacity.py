@@ -20,7 +20,10 @@ from agentbatch.errors import FatalError
 # Slots per process before another process is worth its start-up: at this many, one process's share of
 # the GIL still keeps up with replies (bench/RESULTS.md, figure (8): the layouts of 32 samples in flight).
 SLOTS_PER_PROCESS = 128
-FILES_PER_SLOT = 4  # its keep-alive connection, a command's pipes, a docker client's socket
+# A sample's keep-alive connection, its sandbox's resident shell (request, status and output pipes, the command's
+# memfd: held from its first model call where its sandbox starts early), and a command's or a file operation's
+# pipes while it runs (a docker client's socket in their place).
+FILES_PER_SLOT = 8
 FILES_PER_PROCESS = 64  # the interpreter's own, the pipes to the parent, imported libraries
 THREADS_PER_PROCESS = 8  # beyond the slots: the main thread, helpers of the libraries
 MAX_PROCESSES = 256
