@@ -157,6 +157,7 @@ class ResidentShell:
         self._ready = False
         self._proc: subprocess.Popen | None = None
         self._popen: Future | None = None  # the process's start, handed to the lasting thread, until `_started`
+        self._popen_lock = threading.Lock()
         self._buffer = b""
         self._req = self._status = self._out = self._command = -1
         self._command = os.memfd_create("command", os.MFD_CLOEXEC)
@@ -226,12 +227,13 @@ class ResidentShell:
 
     def _started(self) -> str | None:
         """Wait for the shell's process to have been started: None once it was, else why not."""
-        if self._popen is not None:
-            popen, self._popen = self._popen, None
-            try:
-                self._proc = popen.result()
-            except OSError as e:
-                return f"cannot start its shell: {e}"
+        with self._popen_lock:  # a kill from another thread sees the process once it is there
+            if self._popen is not None:
+                popen, self._popen = self._popen, None
+                try:
+                    self._proc = popen.result()
+                except OSError as e:
+                    return f"cannot start its shell: {e}"
         return None
 
     def _await_ready(self) -> str | None:
