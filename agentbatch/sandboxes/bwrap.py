@@ -9,7 +9,8 @@ namespaces (and network, with `network=False`), without capabilities, as `nobody
 time) and an OOM score that makes the kernel kill it before the runner.
 
 The sandbox is made at the sample's first command, or beside its first model call (early.py): bwrap (with
---die-with-parent) starts the sample's resident shell as PID 1 of its PID namespace (resident.py), and every command is a fork of that shell.
+--die-with-parent) starts the sample's resident shell as PID 1 of its PID namespace (resident.py), and every
+command is a fork of that shell.
 Containment by construction: when a command's shell exits, PID 1 kills every other process of the
 namespace and waits for them to be gone before it reports the exit code; when the deadline passes, or
 when the worker dies, bwrap dies, PID 1 with it, and the kernel kills everything left in the namespace:
@@ -50,7 +51,7 @@ from agentbatch.sandboxes.base import (
 )
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
-from agentbatch.sandboxes.resident import ResidentShell, SampleShell
+from agentbatch.sandboxes.resident import ResidentShell, SampleShell, WarmsItsShell
 
 DEFAULT_WORKDIR = "/workspace"
 FILE_OP_TIMEOUT = 60.0  # also how long a long-lived process's sandbox may take to start
@@ -422,7 +423,7 @@ def check_cwd(cwd: str | None) -> None:
 
 
 @registry.backend("bwrap")
-class BwrapBackend(sandbox_dirs.WorkerDirBackend):
+class BwrapBackend(WarmsItsShell, sandbox_dirs.WorkerDirBackend):
     """A bubblewrap sandbox per sample over its directory, each command a fork of its resident shell."""
 
     def prepare_run(self, settings: SandboxSettings) -> str:
@@ -441,11 +442,3 @@ class BwrapBackend(sandbox_dirs.WorkerDirBackend):
 
     def create(self, spec: SandboxSpec) -> BwrapSandbox:
         return BwrapSandbox(spec)
-
-    warms = True
-
-    def warm(self, sandbox: BwrapSandbox) -> bool:
-        return sandbox.warm()
-
-    def ran_commands(self, sandbox: BwrapSandbox) -> bool | None:
-        return sandbox.ran_commands

@@ -29,7 +29,7 @@ from agentbatch.sandboxes.base import (
 )
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
-from agentbatch.sandboxes.resident import ResidentShell, SampleShell
+from agentbatch.sandboxes.resident import ResidentShell, SampleShell, WarmsItsShell
 
 UNTRUSTED = "not an isolation boundary: commands run as your user and reach whatever it can"
 _METHODS = {"pidns": "a PID namespace", "cgroup": "a cgroup", "scan": "a /proc scan (weak)"}
@@ -205,7 +205,7 @@ def _roots(*dirs: str | None) -> list[str]:
 
 
 @registry.backend("local")
-class LocalBackend(sandbox_dirs.WorkerDirBackend):
+class LocalBackend(WarmsItsShell, sandbox_dirs.WorkerDirBackend):
     """Commands run as the runner's user in a directory of this machine, contained but not isolated."""
 
     def prepare_run(self, settings: SandboxSettings, because: str = "") -> str:
@@ -228,11 +228,3 @@ class LocalBackend(sandbox_dirs.WorkerDirBackend):
 
     def create(self, spec: SandboxSpec) -> LocalSandbox:
         return LocalSandbox(spec.cwd, spec.settings.local_containment)
-
-    warms = True
-
-    def warm(self, sandbox: LocalSandbox) -> bool:
-        return sandbox.warm()
-
-    def ran_commands(self, sandbox: LocalSandbox) -> bool | None:
-        return sandbox.ran_commands

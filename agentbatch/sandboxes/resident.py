@@ -448,3 +448,16 @@ class SampleShell:
             shell, self._shell = self._shell, None
         if shell is not None:
             shell.close()
+
+
+class WarmsItsShell:
+    """What a backend whose sandboxes hold a SampleShell says to early.py: its sandbox's `warm` and `ran_commands`
+    (bwrap, local). Named before the backend's base class."""
+
+    warms = True
+
+    def warm(self, sandbox) -> bool:
+        return sandbox.warm()
+
+    def ran_commands(self, sandbox) -> bool | None:
+        return sandbox.ran_commands
