@@ -1,8 +1,8 @@
 """(23) What one terminal command costs the machine, by the way it is started: every candidate in one run.
 
 A candidate is a way to run a sample's commands: a sandbox made for every command (as before issue 38), a
-fork of the sample's resident shell (agentbatch/sandboxes/resident.py), that shell exec'ing `bash -c` for
-each command, or the sandbox's namespaces entered again for each command (nsenter, prlimit, bash: a lower
+fork of the sample's resident shell (agentbatch/sandboxes/resident.py) sourcing the text, that fork `eval`ing it
+(the resident shell before 2026-12-06), that shell exec'ing `bash -c` for each command, or the sandbox's namespaces entered again for each command (nsenter, prlimit, bash: a lower
 bound of that way, since what the command starts would still need ending: a PID namespace of its own takes
 a capability the entered user namespace does not give a process that is not its root).
 
@@ -65,16 +65,18 @@ def _local():
     return LocalSandbox(containment_method="pidns")
 
 
-def _exec_bash_variant() -> None:
-    """The resident shell exec'ing `bash -c` for each command instead of running it in its fork."""
-    from agentbatch.sandboxes import resident
+def _resident_variant(run: str) -> None:
+    """The resident shell running each command's text with `run` (after the call that readies its shell) instead of
+    sourcing it: `exec /bin/bash -c` of the text, or `eval` of it (the resident shell before 2026-12-06)."""
+    from agentbatch.sandboxes import resident, shell_program
 
-    plain = resident.runner_script
+    plain = shell_program.runner_script
 
     def script(*args):
-        return plain(*args).replace('eval "$BASH_EXECUTION_STRING"', 'exec /bin/bash -c "$BASH_EXECUTION_STRING"')
+        text = f'{shell_program.ENTER}; {run} "$BASH_EXECUTION_STRING"'
+        return plain(*args).replace(f". {shell_program.NAMED}", text)
 
-    resident.runner_script = script
+    resident.runner_script = script  # as the resident shell calls it
 
 
 class _Nsenter:
@@ -104,14 +106,17 @@ class _Nsenter:
 CANDIDATES = {
     "bwrap, a sandbox per command (before)": ("bwrap", "apart"),
     "bwrap, a fork of the sample's resident shell": ("bwrap", "resident"),
+    "bwrap, the resident shell evals the text (before 2026-12-06)": ("bwrap", "eval"),
     "bwrap, the resident shell execs bash -c": ("bwrap", "exec-bash"),
     "bwrap, namespaces entered again per command (nsenter, lower bound)": ("bwrap", "nsenter"),
     "local, containment per command (before)": ("local", "apart"),
     "local, a fork of the sample's resident shell": ("local", "resident"),
+    "local, the resident shell evals the text (before 2026-12-06)": ("local", "eval"),
     "local, the resident shell execs bash -c": ("local", "exec-bash"),
     "docker, an exec per command (before)": ("docker", "apart"),
     "docker, the container's resident shell": ("docker", "resident"),
 }
+VARIANTS = {"exec-bash": "exec /bin/bash -c", "eval": "eval"}  # how the variants run the text
 DOCKER_SANDBOXES, DOCKER_COMMANDS = 8, 21  # containers at once: the engine's best parallelism here, (12)
 
 
@@ -127,8 +132,8 @@ def _commands(name: str) -> int:
 def child(name: str, commands: int) -> None:
     """In the child process: SANDBOXES sandboxes at once, `commands` commands each, then removed."""
     kind, how = CANDIDATES[name]
-    if how == "exec-bash":
-        _exec_bash_variant()
+    if how in VARIANTS:
+        _resident_variant(VARIANTS[how])
 
     def one(_i: int) -> None:
         makers = {"bwrap": lambda: _bwrap(kind), "local": _local, "docker": _docker}

@@ -28,6 +28,7 @@ from scripted_server import ScriptedServer
 
 from agentbatch.sandboxes.base import SandboxError
 from agentbatch.sandboxes.resident import ResidentShell
+from agentbatch.sandboxes.shell_program import host_names
 
 RESIDENT = ("bwrap", "local-pidns")
 
@@ -93,9 +94,16 @@ def test_a_command_gets_what_a_bash_c_of_its_own_got(sandbox):
     assert resident.exit_code == apart.exit_code == 0, (resident, apart)
     assert resident.output == apart.output
     assert sandbox._shell.current is not None and not sandbox._shell.current.dead  # the first ran in the resident shell
-    # Line numbers are the command's own, its exit code too; nothing of the shell's own is in its variables.
-    result = sandbox.exec("true\nno-such-command-here\nset | grep -c '^__br' ; exit 7", timeout=30)
-    assert result.output == "/bin/bash: line 2: no-such-command-here: command not found\n0\n" and result.exit_code == 7
+    # Line numbers are the command's own, its exit code too; nothing of the shell's own is in its variables or
+    # functions. Its text is sourced as `bash`: bash's messages name `bash` where a `bash -c` of its own named
+    # `/bin/bash` ($0, the same in both), never a path of the runner's.
+    result = sandbox.exec("true\nno-such-command-here\nset | grep -c '^__br' ; declare -F; exit 7", timeout=30)
+    assert result.output == "bash: line 2: no-such-command-here: command not found\n0\n" and result.exit_code == 7
+    syntax = sandbox.exec("echo ran\nif then", timeout=30)  # what precedes a syntax error runs, as in `bash -c`
+    assert syntax.output == "ran\nbash: line 2: syntax error near unexpected token `then'\nbash: line 2: `if then'\n"
+    assert syntax.exit_code == 2 == sandbox._exec_apart("echo ran\nif then", timeout=30).exit_code
+    # On the first line, the line shown holds the call that readied the command's shell before the text ran.
+    assert sandbox.exec("ls )", timeout=30).output.endswith("bash: line 1: `__br_enter; ls )'\n")
     assert sandbox.exec('echo "$BASH_EXECUTION_STRING"', timeout=30).output == 'echo "$BASH_EXECUTION_STRING"\n'
     quoted = "printf '%s|' 'it'\"'\"'s' \"$HOME\" '$HOME' \\\\; echo"
     assert sandbox.exec(quoted, timeout=30).output == sandbox._exec_apart(quoted, timeout=30).output
@@ -211,7 +219,7 @@ def test_outside_a_pid_namespace_the_shell_kills_no_other_process(tmp_path):
     """Its `kill -9 -1` is for PID 1 of a namespace only: here it would kill every process of the user."""
     marker = new_marker()
     bystander = subprocess.Popen(["sleep", marker])
-    shell = ResidentShell(lambda: ([], ()), {"PATH": os.environ["PATH"]}, str(tmp_path))
+    shell = ResidentShell(lambda: ([], ()), {"PATH": os.environ["PATH"]}, str(tmp_path), host_names())
     try:
         with shell.lock:
             done = shell.run("echo ran", timeout=30)
@@ -288,3 +296,18 @@ def _kill_the_runner(tmp_path, settings, private: Path) -> None:
     assert_clean_exit(again)
     assert f"removed 1 {settings.kind} sandboxes whose worker had died" in again.stderr, again.stderr
     assert [d.name for d in private.iterdir() if d.name.startswith("br-sandbox-")] == []
+
+
+def test_the_host_names_directory_is_this_users_alone_and_made_again(tmp_path, monkeypatch):
+    """Local shells read a command's text as `bash` in the temp directory's agentbatch-<uid>: made with its link
+    when missing, the link made again when a command removed it, refused when another user's or writable by others."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    names = host_names()
+    assert names == str(tmp_path / f"agentbatch-{os.geteuid()}") and os.stat(names).st_mode & 0o777 == 0o700
+    assert os.readlink(os.path.join(names, "bash")) == "/proc/self/fd/3"
+    os.unlink(os.path.join(names, "bash"))
+    assert host_names() == names and os.readlink(os.path.join(names, "bash")) == "/proc/self/fd/3"
+    os.chmod(names, 0o777)
+    os.unlink(os.path.join(names, "bash"))
+    with pytest.raises(SandboxError, match="not a directory of this user's alone"):
+        host_names()

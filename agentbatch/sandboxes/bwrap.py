@@ -52,6 +52,7 @@ from agentbatch.sandboxes.base import (
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
 from agentbatch.sandboxes.resident import ResidentShell, SampleShell, WarmsItsShell
+from agentbatch.sandboxes.shell_program import NAMED, TEXT_FD
 
 DEFAULT_WORKDIR = "/workspace"
 FILE_OP_TIMEOUT = 60.0  # also how long a long-lived process's sandbox may take to start
@@ -64,6 +65,10 @@ STARTED = b"br-sandbox-started\n"
 START = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec /bin/bash -c "$1"'
 # What starts the resident shell (non-dumpable: it could not do this itself), its argv following.
 START_SHELL = 'echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
+# Where the resident shell's commands read their text through (shell_program.NAMED): in the sandbox's own /dev.
+NAMES = "/dev/.br"
+SHELL_OPTIONS = b"\0".join([b"--dir", NAMES.encode(), b"--symlink", f"/proc/self/fd/{TEXT_FD}".encode()])
+SHELL_OPTIONS += b"\0" + f"{NAMES}/{NAMED}".encode() + b"\0--as-pid-1\0"  # and the shell as PID 1 (no bwrap init)
 # The same for a long-lived process: its argv follows.
 START_PROCESS = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
 # The file tools' operations inside the sandbox, for paths the direct route cannot take.
@@ -178,7 +183,7 @@ class BwrapSandbox:
         self._shell = SampleShell(self, BwrapSandbox._resident_shell)
 
     def _resident_shell(self) -> ResidentShell:
-        return ResidentShell(self._shell_prefix, self._env, "/", self._lasting)
+        return ResidentShell(self._shell_prefix, self._env, "/", NAMES, self._lasting)
 
     def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], str]:
         """The command line before bwrap's options, the options (given on a pipe), and the limits' shell prefix."""
@@ -219,7 +224,7 @@ class BwrapSandbox:
     def _shell_prefix(self) -> tuple[list[str], tuple[int, ...]]:
         """What starts the resident shell: this sandbox, the shell as its PID 1 (no bwrap init), its limits."""
         read, write = os.pipe()
-        os.write(write, self._options + b"--as-pid-1\0")
+        os.write(write, self._options + SHELL_OPTIONS)
         os.close(write)
         inner = ["--", "/bin/sh", "-c", self._limits + START_SHELL, "sh"]
         return [*self._outer, "--args", str(read), *inner], (read,)

@@ -30,6 +30,7 @@ from agentbatch.sandboxes.base import (
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
 from agentbatch.sandboxes.resident import ResidentShell, SampleShell, WarmsItsShell
+from agentbatch.sandboxes.shell_program import host_names
 
 UNTRUSTED = "not an isolation boundary: commands run as your user and reach whatever it can"
 _METHODS = {"pidns": "a PID namespace", "cgroup": "a cgroup", "scan": "a /proc scan (weak)"}
@@ -52,7 +53,7 @@ class LocalSandbox:
         self._shell = SampleShell(self, LocalSandbox._resident_shell)
 
     def _resident_shell(self) -> ResidentShell:
-        return ResidentShell(_namespace_prefix, self._env, self.workdir)
+        return ResidentShell(_namespace_prefix, self._env, self.workdir, host_names())
 
     @property
     def workdir(self) -> str:

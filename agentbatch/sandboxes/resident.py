@@ -8,11 +8,15 @@ bwrap and local sandboxes start this shell once, at their first command or besid
 - the command's text goes into a memfd only the shell holds, a newline on its stdin says "run it";
 - the shell forks a subshell in the foreground, in a process group of its own (job control), with no signal
   ignored; it takes /dev/null as stdin and the output pipe as stdout and stderr, closes every descriptor of
-  the shell's own, goes to the working directory and runs the text as `bash -c` would (`eval` of
-  BASH_EXECUTION_STRING, from line 1). The limits (bwrap's, set by the sh that starts the shell) are the
-  shell's, so each process's own as before; what differs from a `bash -c` of its own: `$$` is the shell's
-  PID (1), a syntax error says `eval:` where it said `-c:`, and a command that stops itself ends (exit 147)
-  instead of waiting for its deadline;
+  the shell's own but the text's (fd 3), and sources the text as `bash` from a directory where that name
+  leads to fd 3 (`names`), so that bash names it `bash` in its messages; the text's first line begins with a
+  call (ENTER) that closes fd 3 and goes to the working directory before the text's first command runs.
+  Sourced rather than `eval`'d, the text's last command is exec'd in the subshell itself, as `bash -c` does,
+  where `eval` forked once more. The limits (bwrap's, set by the sh that starts the shell) are the shell's, so
+  each process's own as before; what differs from a `bash -c` of its own: `$$` is the shell's PID (1),
+  messages name `bash` where they named `/bin/bash` ($0), a syntax error on the first line shows that line
+  after ENTER's call, `return` outside a function ends the text (as in a sourced file), BASH_SOURCE is
+  (bash), and a command that stops itself ends (exit 147) instead of waiting for its deadline;
 - once the subshell has exited, the shell, PID 1, kills every other process of the namespace (`kill -9 -1`),
   waits until none is left, and only then writes the exit code on the status pipe: all the command's output
   is in the output pipe by then, and nothing it started runs on.
@@ -32,7 +36,6 @@ the other to the backend's one-off sandbox.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import select
 import signal
@@ -47,91 +50,10 @@ from typing import Any
 from agentbatch.sandboxes.base import ExecResult, SandboxError, one_line
 from agentbatch.sandboxes.output import KILL_GRACE, BoundedOutput, Streamed
 from agentbatch.sandboxes.process import on_lasting_thread_soon
+from agentbatch.sandboxes.shell_program import BASH, READY, forget_shell, request, runner_script, shell_fd
 
-BASH = "/bin/bash"  # what every command ran in before, the host's own in bwrap and local alike
-READY = "ready"
 START_TIMEOUT = 60.0  # seconds a shell may take to start (bwrap under a loaded machine)
-_MFD_EXEC = 0x0010  # memfd_create's MFD_EXEC (Linux 6.3+): executable even where memfds default to noexec
 _CHUNK = 65536
-
-
-def runner_script(out: int, command: int, shell: int | None) -> str:
-    """The shell's program, on one line so that a command's line numbers are its own (eval counts from it).
-
-    `out`, `command`, `shell`: the numbers of its output pipe, its command memfd and the copy of bash it was
-    executed from (None: plain bash), as it inherits them.
-    """
-    run = [
-        "set +m",  # the command's own shell has no job control, as `bash -c` has none
-        f"exec 0</dev/null 1>&{out} 2>&{out} {out}>&- {command}<&-",
-        'cd -- "$__br_wd" || exit 126',
-        "unset -v OLDPWD __br_wd __br_go __br_rc",
-        "export OLDPWD",  # exported and unset, as a fresh bash has it
-        'eval "$BASH_EXECUTION_STRING"',
-    ]
-    steps = [
-        f"exec {'' if shell is None else f'{shell}<&- '}2>/dev/null",  # job notices go nowhere
-        "set -m",  # job control: each command in the foreground, in a process group of its own
-        "__br_wd=$PWD",
-        f'printf "{READY}\\n"',
-        "while read -r __br_go; do unset -v BASH_EXECUTION_STRING",
-        f'. /dev/fd/{command} || {{ printf "unread\\n"; continue; }}',
-        "( " + "; ".join(run) + " ); __br_rc=$?",
-        # Only as PID 1 of its own namespace does kill -1 mean "every process of this sandbox".
-        'if [ "$$" = 1 ]; then kill -9 -1; while kill -0 -1; do read -r -t 0.002 __br_go; done; fi 2>/dev/null',
-        'printf "%d\\n" "$__br_rc"; done',
-    ]
-    return "; ".join(steps)
-
-
-def request(command: str) -> bytes:
-    """What the shell sources for one command: the text as BASH_EXECUTION_STRING, in single quotes."""
-    if "\0" in command:
-        raise ValueError("embedded null byte")
-    return ("BASH_EXECUTION_STRING='" + command.replace("'", "'\\''") + "'\n").encode("utf-8", "surrogateescape")
-
-
-_shell_lock = threading.Lock()
-_shell: list[int | None] = []  # [fd of the exec-only copy of bash, or None where the kernel refused it]
-
-
-def shell_fd() -> int | None:
-    """A memfd holding bash that the sandbox's user may execute but not read (so it runs non-dumpable), made once
-    per process and shared by its forks; None where this kernel cannot have one."""
-    with _shell_lock:
-        if not _shell:
-            _shell.append(_exec_only_copy(BASH))
-        return _shell[0]
-
-
-def _exec_only_copy(path: str) -> int | None:
-    for flags in (os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING | _MFD_EXEC, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING):
-        try:
-            fd = os.memfd_create("bash", flags)
-        except (OSError, AttributeError):
-            continue
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, 0o111)
-            seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-            return fd
-        except (OSError, AttributeError):
-            os.close(fd)
-    return None
-
-
-def forget_shell() -> None:
-    """Use plain bash from now on (the kernel refused to execute the copy)."""
-    with _shell_lock:
-        if _shell and _shell[0] is not None:
-            with contextlib.suppress(OSError):
-                os.close(_shell[0])
-        _shell[:] = [None]
 
 
 class ShellEnded(SandboxError):
@@ -143,16 +65,23 @@ class ResidentShell:
 
     `prefix()` gives the command line that puts a program in the sandbox as PID 1 of its PID namespace
     (bwrap's, or setpriv and unshare) and the fds it needs passed (closed here once it started); it runs with
-    `env` in `cwd`. It is started from the process's lasting thread (process.py), since it dies with the thread
-    that started it; `lasting=False` starts it from the caller's (a probe, whose shell ends before it returns).
+    `env` in `cwd`; `names`, a directory its user may read, holds shell_program.NAMED, the name a command's text is
+    read by. It is started from the process's lasting thread (process.py), since it dies with the thread that
+    started it; `lasting=False` starts it from the caller's (a probe, whose shell ends before it returns).
     """
 
     def __init__(
-        self, prefix: Callable[[], tuple[list[str], tuple[int, ...]]], env: dict, cwd: str, lasting: bool = True
+        self,
+        prefix: Callable[[], tuple[list[str], tuple[int, ...]]],
+        env: dict,
+        cwd: str,
+        names: str,
+        lasting: bool = True,
     ):
         self.lock = threading.Lock()
         self._lasting = lasting
         self._how = (prefix, env, cwd)
+        self._names = names
         self.dead = False
         self._ready = False
         self._proc: subprocess.Popen | None = None
@@ -196,7 +125,7 @@ class ResidentShell:
                 os.close(fd)
             return str(e)
         path = f"/proc/self/fd/{shell}" if shell is not None else BASH
-        argv = [*head, path, "-c", runner_script(out_w, self._command, shell), "/bin/bash"]  # $0 as before
+        argv = [*head, path, "-c", runner_script(out_w, self._command, shell, self._names), "/bin/bash"]  # $0 as before
         fds = (*pass_fds, out_w, self._command, *(() if shell is None else (shell,)))
 
         def popen() -> subprocess.Popen:
