@@ -27,7 +27,7 @@ from sandbox_support import alive, create, freed_without_the_collector, new_mark
 from scripted_server import ScriptedServer
 
 from agentbatch.sandboxes.base import SandboxError
-from agentbatch.sandboxes.resident import ResidentShell
+from agentbatch.sandboxes.resident import ResidentShell, ShellStart
 from agentbatch.sandboxes.shell_program import host_names
 
 RESIDENT = ("bwrap", "local-pidns")
@@ -219,7 +219,7 @@ def test_outside_a_pid_namespace_the_shell_kills_no_other_process(tmp_path):
     """Its `kill -9 -1` is for PID 1 of a namespace only: here it would kill every process of the user."""
     marker = new_marker()
     bystander = subprocess.Popen(["sleep", marker])
-    shell = ResidentShell(lambda: ([], ()), {"PATH": os.environ["PATH"]}, str(tmp_path), host_names())
+    shell = ResidentShell(lambda: ShellStart([]), {"PATH": os.environ["PATH"]}, str(tmp_path), host_names())
     try:
         with shell.lock:
             done = shell.run("echo ran", timeout=30)

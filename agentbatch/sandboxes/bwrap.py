@@ -51,7 +51,7 @@ from agentbatch.sandboxes.base import (
 )
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
-from agentbatch.sandboxes.resident import ResidentShell, SampleShell, WarmsItsShell
+from agentbatch.sandboxes.resident import ResidentShell, SampleShell, ShellStart, WarmsItsShell
 from agentbatch.sandboxes.shell_program import NAMED, TEXT_FD
 
 DEFAULT_WORKDIR = "/workspace"
@@ -63,8 +63,6 @@ PRIVATE_DIRS = ("/proc", "/dev", "/sys", "/run")
 STARTED = b"br-sandbox-started\n"
 # The shell that starts every command: says the sandbox is up, volunteers to the OOM killer, runs it.
 START = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec /bin/bash -c "$1"'
-# What starts the resident shell (non-dumpable: it could not do this itself), its argv following.
-START_SHELL = 'echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
 # Where the resident shell's commands read their text through (shell_program.NAMED): in the sandbox's own /dev.
 NAMES = "/dev/.br"
 SHELL_OPTIONS = b"\0".join([b"--dir", NAMES.encode(), b"--symlink", f"/proc/self/fd/{TEXT_FD}".encode()])
@@ -97,21 +95,28 @@ esac
 _ERRORS = {3: FileNotFoundError, 4: IsADirectoryError, 5: OSError, 6: PermissionError, 8: PermissionError}
 
 
-def limits(s: SandboxSettings) -> str:
-    """The sandbox's limits as the first words of its `sh -c` (dash's ulimit: -d in KiB, -f in 512-byte blocks):
-    the limits apply inside the new user namespace, so the process count is this sandbox's alone. Set by the
-    shell bwrap starts rather than by a prlimit between them, one exec less at every sandbox's start (bench
-    (23)); a limit the shell cannot set (above the runner's own hard limit) ends the start, naming its flag."""
+def limits(s: SandboxSettings, bash: bool = False) -> str:
+    """The sandbox's limits as the first words of its shell's program, dash's (`bash`: bash's) `ulimit`s: -d in KiB,
+    the processes -p (bash: -u), the file size -f in 512-byte blocks (bash: 1024), rounded down to whole KiB in
+    both. The limits apply inside the new user namespace, so the process count is this sandbox's alone. Set by the
+    shell bwrap starts rather than by a prlimit between them, one exec less at every sandbox's start (bench (23));
+    a limit the shell cannot set (above the runner's own hard limit) ends the start, naming its flag."""
     steps = [
-        ("p", s.processes, s.processes, "sandbox_processes"),
+        ("u" if bash else "p", s.processes, s.processes, "sandbox_processes"),
         ("d", s.memory_bytes // 1024, s.memory_bytes, "sandbox_memory"),
-        ("f", s.file_size_bytes // 512, s.file_size_bytes, "sandbox_file_size"),
+        ("f", s.file_size_bytes // 1024 * (1 if bash else 2), s.file_size_bytes, "sandbox_file_size"),
         ("t", s.cpu_seconds, s.cpu_seconds, "sandbox_cpu_seconds"),
     ]
     why = "cannot set the sandbox's limit --{}={}: it is above this runner's own hard limit"
     return "".join(
         f'ulimit -{o} {v} 2>/dev/null || {{ echo "{why.format(f, n)}" >&2; exit 126; }}; ' for o, v, n, f in steps
     )
+
+
+def _raise_oom(pid: int) -> None:
+    """Offer a process first to the kernel's OOM killer (what it starts inherits it); never raises."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/oom_score_adj", "w") as f:
+        f.write("1000")
 
 
 @cache
@@ -179,6 +184,7 @@ class BwrapSandbox:
         mounts += [(d, None, False) for d in SYSTEM_DIRS if os.path.islink(d)]
         self._mounts = sorted(mounts, key=lambda m: len(m[0]), reverse=True)
         self._outer, opts, self._limits = self._bwrap_args(system_args)
+        self._shell_limits = limits(self.settings, bash=True)
         self._options = b"".join(o.encode() + b"\0" for o in opts)
         self._shell = SampleShell(self, BwrapSandbox._resident_shell)
 
@@ -221,13 +227,23 @@ class BwrapSandbox:
         os.close(write)
         return [*self._outer, "--args", str(read), "--", "/bin/sh", "-c", self._limits + script, "sh", *args], read
 
-    def _shell_prefix(self) -> tuple[list[str], tuple[int, ...]]:
-        """What starts the resident shell: this sandbox, the shell as its PID 1 (no bwrap init), its limits."""
+    def _shell_prefix(self) -> ShellStart:
+        """What starts the resident shell: this sandbox, the shell as its PID 1 (no bwrap init, no sh before it),
+        its limits set by the shell itself, its oom_score_adj by this process before bwrap has read its options,
+        so before the shell exists (it inherits it; non-dumpable, it could not raise its own)."""
         read, write = os.pipe()
-        os.write(write, self._options + SHELL_OPTIONS)
-        os.close(write)
-        inner = ["--", "/bin/sh", "-c", self._limits + START_SHELL, "sh"]
-        return [*self._outer, "--args", str(read), *inner], (read,)
+        options = self._options + SHELL_OPTIONS  # not the sandbox: the lasting thread may hold `started` a while
+
+        def started(pid: int | None) -> None:
+            try:
+                if pid is not None:
+                    _raise_oom(pid)
+                    with contextlib.suppress(OSError):
+                        os.write(write, options)
+            finally:
+                os.close(write)
+
+        return ShellStart([*self._outer, "--args", str(read), "--"], (read,), self._shell_limits, started)
 
     def warm(self) -> bool:
         """Start the resident shell now, without waiting for it (early.py); whether one started."""

@@ -29,7 +29,7 @@ from agentbatch.sandboxes.base import (
 )
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
-from agentbatch.sandboxes.resident import ResidentShell, SampleShell, WarmsItsShell
+from agentbatch.sandboxes.resident import ResidentShell, SampleShell, ShellStart, WarmsItsShell
 from agentbatch.sandboxes.shell_program import host_names
 
 UNTRUSTED = "not an isolation boundary: commands run as your user and reach whatever it can"
@@ -195,8 +195,8 @@ class LocalSandbox:
             sandbox_dirs.remove(self._tmp)
 
 
-def _namespace_prefix() -> tuple[list[str], tuple[int, ...]]:
-    return containment.namespace_prefix(), ()
+def _namespace_prefix() -> ShellStart:
+    return ShellStart(containment.namespace_prefix())
 
 
 def _roots(*dirs: str | None) -> list[str]:

@@ -12,8 +12,8 @@ bwrap and local sandboxes start this shell once, at their first command or besid
   leads to fd 3 (`names`), so that bash names it `bash` in its messages; the text's first line begins with a
   call (ENTER) that closes fd 3 and goes to the working directory before the text's first command runs.
   Sourced rather than `eval`'d, the text's last command is exec'd in the subshell itself, as `bash -c` does,
-  where `eval` forked once more. The limits (bwrap's, set by the sh that starts the shell) are the shell's, so
-  each process's own as before; what differs from a `bash -c` of its own: `$$` is the shell's PID (1),
+  where `eval` forked once more. The limits (bwrap's, set by the shell's program first) are the shell's, so
+  each process's own as before, and its oom_score_adj (raised by the runner before bwrap makes the shell); what differs from a `bash -c` of its own: `$$` is the shell's PID (1),
   messages name `bash` where they named `/bin/bash` ($0), a syntax error on the first line shows that line
   after ENTER's call, `return` outside a function ends the text (as in a sourced file), BASH_SOURCE is
   (bash), and a command that stops itself ends (exit 147) instead of waiting for its deadline;
@@ -45,6 +45,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from agentbatch.sandboxes.base import ExecResult, SandboxError, one_line
@@ -56,6 +57,19 @@ START_TIMEOUT = 60.0  # seconds a shell may take to start (bwrap under a loaded 
 _CHUNK = 65536
 
 
+@dataclass
+class ShellStart:
+    """How a resident shell starts, as its sandbox's `prefix()` says: `argv`, the command line that puts a program in
+    the sandbox as PID 1 of its PID namespace; `pass_fds`, the fds that needs (closed here once it started);
+    `limits`, bash's words that set the sandbox's limits first in the shell's program (shell_program.runner_script);
+    `started(pid)`, called once the process exists (None: it could not start), before it goes on."""
+
+    argv: list[str]
+    pass_fds: tuple[int, ...] = ()
+    limits: str = ""
+    started: Callable[[int | None], None] | None = None
+
+
 class ShellEnded(SandboxError):
     """The resident shell ended (or broke its protocol) while a command ran: that command fails."""
 
@@ -63,16 +77,15 @@ class ShellEnded(SandboxError):
 class ResidentShell:
     """A running resident shell: `run` one command at a time (holding `lock`); `close` ends it and its namespace.
 
-    `prefix()` gives the command line that puts a program in the sandbox as PID 1 of its PID namespace
-    (bwrap's, or setpriv and unshare) and the fds it needs passed (closed here once it started); it runs with
-    `env` in `cwd`; `names`, a directory its user may read, holds shell_program.NAMED, the name a command's text is
-    read by. It is started from the process's lasting thread (process.py), since it dies with the thread that
+    `prefix()` gives how it starts (ShellStart: bwrap's, or setpriv and unshare); it runs with `env` in `cwd`;
+    `names`, a directory its user may read, holds shell_program.NAMED, the name a command's text is read by.
+    It is started from the process's lasting thread (process.py), since it dies with the thread that
     started it; `lasting=False` starts it from the caller's (a probe, whose shell ends before it returns).
     """
 
     def __init__(
         self,
-        prefix: Callable[[], tuple[list[str], tuple[int, ...]]],
+        prefix: Callable[[], ShellStart],
         env: dict,
         cwd: str,
         names: str,
@@ -119,18 +132,20 @@ class ResidentShell:
         self._out, out_w = os.pipe()
         os.set_blocking(self._out, False)
         try:
-            head, pass_fds = prefix()
+            start = prefix()
         except (SandboxError, OSError) as e:
             for fd in (req_r, status_w, out_w):
                 os.close(fd)
             return str(e)
         path = f"/proc/self/fd/{shell}" if shell is not None else BASH
-        argv = [*head, path, "-c", runner_script(out_w, self._command, shell, self._names), "/bin/bash"]  # $0 as before
-        fds = (*pass_fds, out_w, self._command, *(() if shell is None else (shell,)))
+        script = runner_script(out_w, self._command, shell, self._names, start.limits)
+        argv = [*start.argv, path, "-c", script, "/bin/bash"]  # $0 as before
+        fds = (*start.pass_fds, out_w, self._command, *(() if shell is None else (shell,)))
 
         def popen() -> subprocess.Popen:
+            proc = None
             try:
-                return subprocess.Popen(
+                proc = subprocess.Popen(
                     argv,
                     stdin=req_r,
                     stdout=status_w,
@@ -140,9 +155,12 @@ class ResidentShell:
                     start_new_session=True,
                     pass_fds=fds,
                 )
+                return proc
             finally:
-                for fd in (req_r, status_w, out_w, *pass_fds):
+                for fd in (req_r, status_w, out_w, *start.pass_fds):
                     os.close(fd)
+                if start.started is not None:
+                    start.started(proc.pid if proc is not None else None)
 
         if self._lasting:
             self._popen = on_lasting_thread_soon(popen)  # the caller goes on (to its model call) meanwhile

@@ -28,12 +28,12 @@ NAMED = "bash"  # the link to /proc/self/fd/3 in a shell's `names` directory
 _MFD_EXEC = 0x0010  # memfd_create's MFD_EXEC (Linux 6.3+): executable even where memfds default to noexec
 
 
-def runner_script(out: int, command: int, shell: int | None, names: str) -> str:
+def runner_script(out: int, command: int, shell: int | None, names: str, limits: str = "") -> str:
     """The shell's program, on one line so that a command's line numbers are its own (its text is read from line 1).
 
     `out`, `command`, `shell`: the numbers of its output pipe, its command memfd and the copy of bash it was
     executed from (None: plain bash), as it inherits them; `names`: the directory, in the sandbox's view, that
-    holds `bash`, a symbolic link to the command's text (see `source_line`).
+    holds `bash`, a symbolic link to the command's text; `limits`, bash's words that set the sandbox's limits, first.
     """
     take = "" if command == TEXT_FD else f" {TEXT_FD}<&{command} {command}<&-"
     run = [
@@ -47,6 +47,7 @@ def runner_script(out: int, command: int, shell: int | None, names: str) -> str:
     ]
     names = shlex.quote(names)
     steps = [
+        *([limits.rstrip("; ")] if limits else []),  # its stderr is the status pipe until the next step
         f"exec {'' if shell is None else f'{shell}<&- '}2>/dev/null",  # job notices go nowhere
         "set -m",  # job control: each command in the foreground, in a process group of its own
         "__br_wd=$PWD",
