@@ -210,6 +210,7 @@ class ResidentShell:
             raise ShellEnded("the sandbox's shell has ended")
         os.ftruncate(self._command, 0)
         os.pwrite(self._command, text, 0)
+        os.lseek(self._command, 0, os.SEEK_SET)  # where the shell reads it from (the offset is shared)
         out = BoundedOutput()
         deadline = time.monotonic() + max(float(timeout), 0.1)
         try:

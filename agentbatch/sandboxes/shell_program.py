@@ -39,7 +39,6 @@ def runner_script(out: int, command: int, shell: int | None, names: str, limits:
     run = [
         "set +m",  # the command's own shell has no job control, as `bash -c` has none
         f"exec 0</dev/null 1>&{out} 2>&{out} {out}>&-{take}",
-        "unset -v __br_go __br_rc __br_text",
         # Sourced, not eval'd: bash execs the text's last command in this very process, where `eval` forks once
         # more for it (a seventh of what `pwd; ls /` costs the machine, bench (23)). Sourced as `bash`, from
         # `names`, so that bash's messages name it `bash` (BASH_SOURCE), not a path of ours.
@@ -53,17 +52,19 @@ def runner_script(out: int, command: int, shell: int | None, names: str, limits:
         "__br_wd=$PWD",
         # Called by the text's first line (request) once bash has read the text: what precedes its first command.
         f'{ENTER}() {{ exec {TEXT_FD}<&-; shopt -s sourcepath; cd -- "$__br_wd" || exit 126;'
-        f" unset -v OLDPWD __br_wd; export OLDPWD; unset -f {ENTER}; }}",  # OLDPWD exported and unset, as bash has it
+        f" unset -v OLDPWD __br_wd __br_go __br_rc __br_text; export OLDPWD; unset -f {ENTER}; }}",  # OLDPWD exported and unset, as bash has it
         # `bash` is the file in `names` (the shell's own directory from now on), not the one on PATH.
         f'{{ cd -- {names} && shopt -u sourcepath; }} || {{ printf "cannot enter %s\\n" {names}; exit 1; }}',
         f'printf "{READY}\\n"',
         "while read -r __br_go; do unset -v BASH_EXECUTION_STRING __br_text",
-        f"mapfile -d '' -n 1 __br_text </dev/fd/{command}",  # the whole text (it holds no NUL), read buffered
+        # The whole text (it holds no NUL), read buffered from the offset the runner put back at 0 (request).
+        f"mapfile -d '' -n 1 -u {command} __br_text",
         f'[[ ${{__br_text[0]}} == "{TEXT_PREFIX}"* ]] || {{ printf "unread\\n"; continue; }}',
         f'BASH_EXECUTION_STRING=${{__br_text[0]#"{TEXT_PREFIX}"}}',  # as `bash -c` has it
         "( " + "; ".join(run) + " ); __br_rc=$?",
         # Only as PID 1 of its own namespace does kill -1 mean "every process of this sandbox".
-        'if [ "$$" = 1 ]; then kill -9 -1; while kill -0 -1; do read -r -t 0.002 __br_go; done; fi 2>/dev/null',
+        # Each kill -1 walks every task of the machine: the first only asks whether one of this namespace is left.
+        'if [ "$$" = 1 ] && kill -0 -1; then kill -9 -1; while kill -0 -1; do read -r -t 0.002 __br_go; done; fi 2>/dev/null',
         'printf "%d\\n" "$__br_rc"; done',
     ]
     return "; ".join(steps)
@@ -71,7 +72,8 @@ def runner_script(out: int, command: int, shell: int | None, names: str, limits:
 
 def request(command: str) -> bytes:
     """What the memfd holds for one command: the text after TEXT_PREFIX, on the text's own first line (so that its
-    line numbers are the text's), which readies the command's shell once bash has read the text (ENTER)."""
+    line numbers are the text's), which readies the command's shell once bash has read the text (ENTER). The
+    runner writes it at offset 0 and puts the memfd's offset, which the shell shares, back at 0."""
     if "\0" in command:
         raise ValueError("embedded null byte")
     return (TEXT_PREFIX + command).encode("utf-8", "surrogateescape")
@@ -131,16 +133,14 @@ def host_names() -> str:
     path = os.path.join(tempfile.gettempdir(), f"agentbatch-{os.geteuid()}")
     link = os.path.join(path, NAMED)
     with _names_lock:
-        try:
-            if os.readlink(link) == f"/proc/self/fd/{TEXT_FD}":
-                return path
-        except OSError:
-            pass
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
-        info = os.lstat(path)
+        info = os.lstat(path)  # checked every time: only a directory no one else may write is trusted with the link
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
             raise SandboxError(f"{path} is not a directory of this user's alone: remove it")
+        with contextlib.suppress(OSError):
+            if os.readlink(link) == f"/proc/self/fd/{TEXT_FD}":
+                return path
         with contextlib.suppress(FileNotFoundError):
             os.unlink(link)
         os.symlink(f"/proc/self/fd/{TEXT_FD}", link)
