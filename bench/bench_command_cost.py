@@ -1,9 +1,9 @@
 """(23) What one terminal command costs the machine, by the way it is started: every candidate in one run.
 
 A candidate is a way to run a sample's commands: a sandbox made for every command (as before issue 38), a
-fork of the sample's resident shell (agentbatch/sandboxes/resident.py) sourcing the text, that fork `eval`ing it
-(the resident shell before 2026-12-06), that shell exec'ing `bash -c` for each command, or the sandbox's namespaces entered again for each command (nsenter, prlimit, bash: a lower
-bound of that way, since what the command starts would still need ending: a PID namespace of its own takes
+fork of the sample's resident shell (agentbatch/sandboxes/resident.py) sourcing the text, that fork `eval`ing
+it (the resident shell before 2026-12-06), that shell exec'ing `bash -c` for each command, or the sandbox's
+namespaces entered again for each command (nsenter, prlimit, bash: a lower bound of that way, since what the command starts would still need ending: a PID namespace of its own takes
 a capability the entered user namespace does not give a process that is not its root).
 
 Each candidate runs in a fresh child process: 64 sandboxes at once (one thread each, as 64 samples of a

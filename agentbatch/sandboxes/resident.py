@@ -13,10 +13,11 @@ bwrap and local sandboxes start this shell once, at their first command or besid
   call (ENTER) that closes fd 3 and goes to the working directory before the text's first command runs.
   Sourced rather than `eval`'d, the text's last command is exec'd in the subshell itself, as `bash -c` does,
   where `eval` forked once more. The limits (bwrap's, set by the shell's program first) are the shell's, so
-  each process's own as before, and its oom_score_adj (raised by the runner before bwrap makes the shell); what differs from a `bash -c` of its own: `$$` is the shell's PID (1),
-  messages name `bash` where they named `/bin/bash` ($0), a syntax error on the first line shows that line
-  after ENTER's call, `return` outside a function ends the text (as in a sourced file), BASH_SOURCE is
-  (bash), and a command that stops itself ends (exit 147) instead of waiting for its deadline;
+  each process's own as before, and so is its oom_score_adj (raised by the runner before bwrap makes the
+  shell). What differs from a `bash -c` of its own: `$$` is the shell's PID (1), messages name `bash` where
+  they named `/bin/bash` ($0), a syntax error on the first line shows that line after ENTER's call, `return`
+  outside a function ends the text (as in a sourced file), BASH_SOURCE is (bash), and a command that stops
+  itself ends (exit 147) instead of waiting for its deadline;
 - once the subshell has exited, the shell, PID 1, kills every other process of the namespace (`kill -9 -1`),
   waits until none is left, and only then writes the exit code on the status pipe: all the command's output
   is in the output pipe by then, and nothing it started runs on.

@@ -52,7 +52,8 @@ def runner_script(out: int, command: int, shell: int | None, names: str, limits:
         "__br_wd=$PWD",
         # Called by the text's first line (request) once bash has read the text: what precedes its first command.
         f'{ENTER}() {{ exec {TEXT_FD}<&-; shopt -s sourcepath; cd -- "$__br_wd" || exit 126;'
-        f" unset -v OLDPWD __br_wd __br_go __br_rc __br_text; export OLDPWD; unset -f {ENTER}; }}",  # OLDPWD exported and unset, as bash has it
+        # OLDPWD exported and unset, as a fresh bash has it; nothing of the shell's own left.
+        f" unset -v OLDPWD __br_wd __br_go __br_rc __br_text; export OLDPWD; unset -f {ENTER}; }}",
         # `bash` is the file in `names` (the shell's own directory from now on), not the one on PATH.
         f'{{ cd -- {names} && shopt -u sourcepath; }} || {{ printf "cannot enter %s\\n" {names}; exit 1; }}',
         f'printf "{READY}\\n"',
@@ -64,7 +65,8 @@ def runner_script(out: int, command: int, shell: int | None, names: str, limits:
         "( " + "; ".join(run) + " ); __br_rc=$?",
         # Only as PID 1 of its own namespace does kill -1 mean "every process of this sandbox".
         # Each kill -1 walks every task of the machine: the first only asks whether one of this namespace is left.
-        'if [ "$$" = 1 ] && kill -0 -1; then kill -9 -1; while kill -0 -1; do read -r -t 0.002 __br_go; done; fi 2>/dev/null',
+        'if [ "$$" = 1 ] && kill -0 -1; then kill -9 -1; while kill -0 -1; do read -r -t 0.002 __br_go; done;'
+        " fi 2>/dev/null",
         'printf "%d\\n" "$__br_rc"; done',
     ]
     return "; ".join(steps)
