@@ -10,7 +10,8 @@ from agentbatch.sandboxes.local import LocalSandbox
 
 
 def sandbox_dirs(root) -> list:
-    return sorted(p.name for p in root.iterdir() if p.name.startswith("br-sandbox-"))
+    """The samples' directories (not the process's names directory, which lives while a sandbox holds it)."""
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("br-sandbox-") and not p.name.endswith("-names"))
 
 
 def test_an_absolute_path_is_refused_without_making_a_directory(tmp_path, monkeypatch):

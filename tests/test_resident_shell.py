@@ -26,9 +26,9 @@ from cli_helpers import assert_clean_exit, run_cli, start_cli, write_dataset
 from sandbox_support import alive, create, freed_without_the_collector, new_marker, pids_with, spec_for, wait_gone
 from scripted_server import ScriptedServer
 
+from agentbatch.sandboxes import sandbox_dirs, shell_program
 from agentbatch.sandboxes.base import SandboxError
 from agentbatch.sandboxes.resident import ResidentShell, ShellStart
-from agentbatch.sandboxes.shell_program import host_names
 
 RESIDENT = ("bwrap", "local-pidns")
 
@@ -219,7 +219,10 @@ def test_outside_a_pid_namespace_the_shell_kills_no_other_process(tmp_path):
     """Its `kill -9 -1` is for PID 1 of a namespace only: here it would kill every process of the user."""
     marker = new_marker()
     bystander = subprocess.Popen(["sleep", marker])
-    shell = ResidentShell(lambda: ShellStart([]), {"PATH": os.environ["PATH"]}, str(tmp_path), host_names())
+    names = tmp_path / "names"
+    names.mkdir()
+    (names / "bash").symlink_to("/proc/self/fd/3")
+    shell = ResidentShell(lambda: ShellStart([]), {"PATH": os.environ["PATH"]}, str(tmp_path), str(names))
     try:
         with shell.lock:
             done = shell.run("echo ran", timeout=30)
@@ -298,15 +301,32 @@ def _kill_the_runner(tmp_path, settings, private: Path) -> None:
     assert [d.name for d in private.iterdir() if d.name.startswith("br-sandbox-")] == []
 
 
-def test_the_host_names_directory_is_this_users_alone_and_made_again(tmp_path, monkeypatch):
-    """Local shells read a command's text as `bash` in the temp directory's agentbatch-<uid>: made with its link
-    when missing, the link made again when a command removed it, refused whenever others may write to it."""
+def test_the_names_directory_lives_while_a_local_sandbox_holds_it_and_is_this_users_alone(tmp_path, monkeypatch):
+    """Local shells read a command's text as `bash` in their process's br-sandbox-<owner>-names: made when the first
+    local sandbox needs it, the link made again when a command removed it, gone when the last let go; refused when
+    others may write to it. A dead process's is reaped with its sandboxes, and not counted as one."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    names = host_names()
-    assert names == str(tmp_path / f"agentbatch-{os.geteuid()}") and os.stat(names).st_mode & 0o777 == 0o700
-    assert os.readlink(os.path.join(names, "bash")) == "/proc/self/fd/3"
-    os.unlink(os.path.join(names, "bash"))
-    assert host_names() == names and os.readlink(os.path.join(names, "bash")) == "/proc/self/fd/3"
-    os.chmod(names, 0o777)  # anyone could swap the link: refused, even with the link as it should be
+    monkeypatch.setattr(shell_program, "_names", {})  # none held by this process before
+    first, second = create(spec_for("local-pidns")), create(spec_for("local-pidns"))
+    assert first.exec("echo one", 30).output == "one\n" and second.exec("echo two", 30).output == "two\n"
+    (names,) = tmp_path.glob("br-sandbox-*-names")
+    assert os.readlink(names / "bash") == "/proc/self/fd/3" and names.stat().st_mode & 0o777 == 0o700
+    first.cleanup()
+    os.unlink(names / "bash")  # as a command of the user's could: the next sandbox's shell makes it again
+    third = create(spec_for("local-pidns"))
+    assert third.exec("no-such-command-here", 30).output == "bash: line 1: no-such-command-here: command not found\n"
+    second.cleanup()
+    assert names.exists()
+    third.cleanup()
+    assert not names.exists()  # the last holder gone
+    names.mkdir(mode=0o777)
+    names.chmod(0o777)  # anyone could swap the link: refused
+    refused = create(spec_for("local-pidns"))
     with pytest.raises(SandboxError, match="not a directory of this user's alone"):
-        host_names()
+        refused.exec("true", 30)
+    refused.cleanup()
+    names.rmdir()
+    dead = tmp_path / "br-sandbox-999999999.1-names"  # above any pid: a dead owner's
+    dead.mkdir()
+    monkeypatch.setattr(sandbox_dirs, "_bases", lambda: {str(tmp_path)})
+    assert sandbox_dirs.reap_dead() == 0 and not dead.exists()

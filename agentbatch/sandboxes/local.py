@@ -30,7 +30,7 @@ from agentbatch.sandboxes.base import (
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
 from agentbatch.sandboxes.resident import ResidentShell, SampleShell, ShellStart, WarmsItsShell
-from agentbatch.sandboxes.shell_program import host_names
+from agentbatch.sandboxes.shell_program import hold_host_names, release_host_names
 
 UNTRUSTED = "not an isolation boundary: commands run as your user and reach whatever it can"
 _METHODS = {"pidns": "a PID namespace", "cgroup": "a cgroup", "scan": "a /proc scan (weak)"}
@@ -51,9 +51,12 @@ class LocalSandbox:
         self._roots = _roots(cwd)
         self._processes: list[PipeProcess] = []
         self._shell = SampleShell(self, LocalSandbox._resident_shell)
+        self._names: str | None = None  # the names directory its resident shells read commands through
 
     def _resident_shell(self) -> ResidentShell:
-        return ResidentShell(_namespace_prefix, self._env, self.workdir, host_names())
+        if self._names is None:  # held until the sandbox's clean-up
+            self._names = hold_host_names()
+        return ResidentShell(_namespace_prefix, self._env, self.workdir, self._names)
 
     @property
     def workdir(self) -> str:
@@ -188,6 +191,9 @@ class LocalSandbox:
 
     def cleanup(self) -> None:
         self._shell.close()
+        if self._names is not None:
+            self._names = None
+            release_host_names()
         processes, self._processes = self._processes, []
         for process in processes:
             process.kill()

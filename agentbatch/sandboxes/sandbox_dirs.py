@@ -16,9 +16,10 @@ import tempfile
 from functools import cache
 
 from agentbatch.sandboxes import containment
-from agentbatch.sandboxes.base import Backend
+from agentbatch.sandboxes.base import Backend, SandboxError
 
 PREFIX = "br-sandbox-"
+NAMES_SUFFIX = "-names"  # a process's names directory (names_dir); mkdtemp's random suffixes hold no "-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)\.(\d+)-")
 
 
@@ -57,6 +58,18 @@ def make(mode: int = 0o700, reachable: bool = False) -> str:
     """A fresh sandbox directory owned by this process; `reachable`: in a directory any user may pass through."""
     path = tempfile.mkdtemp(prefix=f"{PREFIX}{owner_tag()}-", dir=shared_base() if reachable else None)
     os.chmod(path, mode)
+    return path
+
+
+def names_dir() -> str:
+    """This process's directory for its local resident shells' names (shell_program), 0700, made if missing: named
+    like a sandbox's, so that a dead owner's is reaped with them, but not counted as one."""
+    path = os.path.join(tempfile.gettempdir(), f"{PREFIX}{owner_tag()}{NAMES_SUFFIX}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)  # only a directory no one else may write to is trusted with the link
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise SandboxError(f"{path} is not a directory of this user's alone: remove it")
     return path
 
 
@@ -143,7 +156,7 @@ def reap_dead() -> int:
     containment.kill_tagged(names, nested=True)
     for path in dead:
         remove(path)
-    return len(dead)
+    return sum(1 for path in dead if not path.endswith(NAMES_SUFFIX))
 
 
 class WorkerDirBackend(Backend):

@@ -2,8 +2,8 @@
 
 - `runner_script`: the shell's program, a loop that forks a subshell for each command and sources its text;
 - `request`: what the command memfd holds for one command;
-- `host_names`: the directory of this machine where `bash` leads to a command's text (local sandboxes; bwrap
-  makes its own in the sandbox's /dev);
+- `hold_host_names`: the directory of this machine where `bash` leads to a command's text (local sandboxes;
+  bwrap makes its own in the sandbox's /dev);
 - `shell_fd`: the copy of bash the shell is executed from, which its user may run but not read.
 """
 
@@ -13,11 +13,9 @@ import contextlib
 import fcntl
 import os
 import shlex
-import stat
-import tempfile
 import threading
 
-from agentbatch.sandboxes.base import SandboxError
+from agentbatch.sandboxes import sandbox_dirs
 
 BASH = "/bin/bash"  # what every command ran in before, the host's own in bwrap and local alike
 READY = "ready"
@@ -125,25 +123,38 @@ def forget_shell() -> None:
 
 
 _names_lock = threading.Lock()
+_names: dict = {}  # this process's names directory: {"pid", "path", "holders"} (a forked child makes its own)
 
 
-def host_names() -> str:
-    """A directory of this machine holding NAMED, for the resident shells that see its files (local): one per user,
-    `agentbatch-<uid>` in the temp directory, 0700, made (again) as needed and kept (like /tmp/tmux-<uid>).
-
-    SandboxError if a file of that name is not this user's directory (another user made it first)."""
-    path = os.path.join(tempfile.gettempdir(), f"agentbatch-{os.geteuid()}")
-    link = os.path.join(path, NAMED)
+def hold_host_names() -> str:
+    """A directory of this machine holding NAMED, for the resident shells that see its files (local): this process's
+    `br-sandbox-<owner>-names` (sandbox_dirs), made when its first local sandbox needs it and removed when the last
+    lets go (`release_host_names`); a dead process's is reaped with its sandboxes."""
     with _names_lock:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-        info = os.lstat(path)  # checked every time: only a directory no one else may write is trusted with the link
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-            raise SandboxError(f"{path} is not a directory of this user's alone: remove it")
-        with contextlib.suppress(OSError):
-            if os.readlink(link) == f"/proc/self/fd/{TEXT_FD}":
-                return path
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(link)
-        os.symlink(f"/proc/self/fd/{TEXT_FD}", link)
-        return path
+        if _names.get("pid") != os.getpid():
+            _names.clear()
+            _names.update(pid=os.getpid(), path=None, holders=0)
+        if _names["path"] is None or not os.path.islink(os.path.join(_names["path"], NAMED)):
+            _names["path"] = _make_names()
+        _names["holders"] += 1
+        return _names["path"]
+
+
+def release_host_names() -> None:
+    """One local sandbox lets go of the names directory; the last one removes it."""
+    with _names_lock:
+        if _names.get("pid") != os.getpid() or _names["holders"] == 0:
+            return
+        _names["holders"] -= 1
+        if _names["holders"] == 0 and _names["path"] is not None:
+            sandbox_dirs.remove(_names["path"])
+            _names["path"] = None
+
+
+def _make_names() -> str:
+    path = sandbox_dirs.names_dir()
+    link = os.path.join(path, NAMED)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link)
+    os.symlink(f"/proc/self/fd/{TEXT_FD}", link)
+    return path
