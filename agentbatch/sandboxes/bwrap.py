@@ -52,7 +52,7 @@ from agentbatch.sandboxes.base import (
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
 from agentbatch.sandboxes.resident import ResidentShell, SampleShell, ShellStart, WarmsItsShell
-from agentbatch.sandboxes.shell_program import NAMED, TEXT_FD
+from agentbatch.sandboxes.shell_program import NAMED, TEXT_LINK
 
 DEFAULT_WORKDIR = "/workspace"
 FILE_OP_TIMEOUT = 60.0  # also how long a long-lived process's sandbox may take to start
@@ -65,7 +65,7 @@ STARTED = b"br-sandbox-started\n"
 START = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec /bin/bash -c "$1"'
 # Where the resident shell's commands read their text through (shell_program.NAMED): in the sandbox's own /dev.
 NAMES = "/dev/.br"
-SHELL_OPTIONS = b"\0".join([b"--dir", NAMES.encode(), b"--symlink", f"/proc/self/fd/{TEXT_FD}".encode()])
+SHELL_OPTIONS = b"\0".join([b"--dir", NAMES.encode(), b"--symlink", TEXT_LINK.encode()])
 SHELL_OPTIONS += b"\0" + f"{NAMES}/{NAMED}".encode() + b"\0--as-pid-1\0"  # and the shell as PID 1 (no bwrap init)
 # The same for a long-lived process: its argv follows.
 START_PROCESS = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'

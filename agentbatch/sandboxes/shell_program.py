@@ -22,7 +22,8 @@ READY = "ready"
 TEXT_FD = 3  # the command's text, in the command's shell until its first command (the `bash` in `names` leads to it)
 ENTER = "__br_enter"
 TEXT_PREFIX = f"{ENTER}; "
-NAMED = "bash"  # the link to /proc/self/fd/3 in a shell's `names` directory
+NAMED = "bash"  # the link to the text (TEXT_LINK) in a shell's `names` directory
+TEXT_LINK = f"/proc/self/fd/{TEXT_FD}"  # where NAMED leads, in each command's shell its own fd 3
 _MFD_EXEC = 0x0010  # memfd_create's MFD_EXEC (Linux 6.3+): executable even where memfds default to noexec
 
 
@@ -156,5 +157,5 @@ def _make_names() -> str:
     link = os.path.join(path, NAMED)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(link)
-    os.symlink(f"/proc/self/fd/{TEXT_FD}", link)
+    os.symlink(TEXT_LINK, link)
     return path
