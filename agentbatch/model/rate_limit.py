@@ -314,6 +314,7 @@ class Pacer:
                 # a Retry-After in whole seconds says. The refused calls themselves still wait for it.
                 pause = min(pause, self._starts[0] + 1.0 + MARGIN - now)
             self._pause(now, pause)
+        self._note_sending(now)
 
     def _pause(self, now: float, seconds: float) -> None:
         """No call starts for `seconds` (at most MAX_PAUSE): the permits issued are void."""
@@ -340,18 +341,24 @@ class Pacer:
             self._accepted.popleft()
         if len(self._accepted) > max(self._ceiling, LIFT * self.rate + 1):
             self._lift(len(self._accepted))
+        self._note_sending(now)
+        rate = self._ceiling * _climbed(self._climb, self._climb_seconds())
+        if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
+            rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
+        self.rate = _clamp(rate)
+
+    def _note_sending(self, now: float) -> None:
+        """Now and then, and as soon as its last call is done, what this process sends is to be told to the
+        others (by release(), outside the lock), whether its call was accepted or refused: a worker whose
+        last calls were refused is idle too, and the others must not wait for its word to go stale."""
         idle = not self._waiting and not self._in_flight
         settled = self._first_refusal is None  # (before, what it sent was the burst before its first 429)
         if self.peers.directory and settled and (now - self._told >= TELL_SECONDS or idle != self._idle):
             self._told, self._idle = now, idle
             # What it sends at its pace, or its share of the endpoint while its calls wait for more: what it
-            # claims of the limit. Told by release(), outside the lock.
+            # claims of the limit.
             sending = min(self.rate, float(self._sent(now)))
             self._telling = 0.0 if idle else max(sending, self._total * self.share) if self._waiting else sending
-        rate = self._ceiling * _climbed(self._climb, self._climb_seconds())
-        if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
-            rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
-        self.rate = _clamp(rate)
 
     def _lift(self, ceiling: float) -> None:
         """A higher ceiling, the rate kept where it is (at least CUT of the new ceiling)."""
