@@ -150,6 +150,14 @@ def _out_of_reach(sandbox) -> None:
         timeout=30,
     )
     assert result.output.count("Permission denied") == 3 and result.output.endswith("after\n"), result.output
+    # Nor can they take away what its later commands are read through (the names directory, /dev/.br).
+    result = sandbox.exec(
+        "rm -f /dev/.br/bash; ln -sf /etc/passwd /dev/.br/bash; chmod 777 /dev/.br; rmdir /dev/.br; "
+        "mv /dev/.br /dev/x; rm -rf /dev/* 2>/dev/null; ls -A /dev/.br",
+        timeout=30,
+    )
+    assert result.output.count("Read-only file system") == 3 and result.output.endswith("\nbash\n"), result.output
+    assert "Device or resource busy" in result.output, result.output
     assert sandbox.exec("echo the shell is the same one", timeout=30).output == "the shell is the same one\n"
 
 

@@ -64,9 +64,11 @@ STARTED = b"br-sandbox-started\n"
 # The shell that starts every command: says the sandbox is up, volunteers to the OOM killer, runs it.
 START = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec /bin/bash -c "$1"'
 # Where the resident shell's commands read their text through (shell_program.NAMED): in the sandbox's own /dev.
+# A read-only mount of its own, so that no command can remove the link (or the directory) its sample's later
+# commands are read through; then the shell as PID 1 (no bwrap init).
 NAMES = "/dev/.br"
-SHELL_OPTIONS = b"\0".join([b"--dir", NAMES.encode(), b"--symlink", TEXT_LINK.encode()])
-SHELL_OPTIONS += b"\0" + f"{NAMES}/{NAMED}".encode() + b"\0--as-pid-1\0"  # and the shell as PID 1 (no bwrap init)
+_SHELL_OPTIONS = ["--tmpfs", NAMES, "--symlink", TEXT_LINK, f"{NAMES}/{NAMED}", "--remount-ro", NAMES, "--as-pid-1"]
+SHELL_OPTIONS = b"\0".join(option.encode() for option in _SHELL_OPTIONS) + b"\0"
 # The same for a long-lived process: its argv follows.
 START_PROCESS = 'printf "br-sandbox-started\\n"; echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"'
 # The file tools' operations inside the sandbox, for paths the direct route cannot take.
