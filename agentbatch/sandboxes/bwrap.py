@@ -39,7 +39,7 @@ import threading
 import time
 from functools import cache
 
-from agentbatch.sandboxes import confined, registry, sandbox_dirs
+from agentbatch.sandboxes import confined, registry, sandbox_dirs, user_switch
 from agentbatch.sandboxes.base import (
     MAX_FILE_BYTES,
     SANDBOX_ENV,
@@ -123,7 +123,7 @@ def _raise_oom(pid: int) -> None:
 
 @cache
 def _tools() -> dict[str, str | None]:
-    return {name: shutil.which(name) for name in ("bwrap", "setpriv")}
+    return {name: shutil.which(name) for name in ("bwrap",)}
 
 
 @cache
@@ -175,6 +175,7 @@ class BwrapSandbox:
             if self._user:
                 os.chown(d, *self._user)
         self._env = dict(SANDBOX_ENV, HOME="/tmp", TMPDIR="/tmp", PWD=self.workdir)
+        self._start_env, self._env_back = self._environment(self._env)
         self._processes: list[PipeProcess] = []
         system_args, system_mounts = _layout()
         writable = [(self.workdir, self._work)]
@@ -191,15 +192,21 @@ class BwrapSandbox:
         self._shell = SampleShell(self, BwrapSandbox._resident_shell)
 
     def _resident_shell(self) -> ResidentShell:
-        return ResidentShell(self._shell_prefix, self._env, "/", NAMES, self._lasting)
+        return ResidentShell(self._shell_prefix, self._start_env, "/", NAMES, self._lasting)
+
+    def _environment(self, env: dict[str, str]) -> tuple[dict[str, str], bytes]:
+        """What bwrap (and the program before it) starts with, and bwrap's options that give the sandbox `env`."""
+        return user_switch.environment(env) if self._user else (env, b"")
 
     def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], str]:
         """The command line before bwrap's options, the options (given on a pipe), and the limits' shell prefix."""
         tools, s = _tools(), self.settings
         outer: list[str] = []
         if self._user:
-            uid, gid = self._user
-            outer += [tools["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+            switch = user_switch.prefix(*self._user)
+            if switch is None:
+                raise SandboxError("neither chroot nor setpriv can run commands as nobody here")
+            outer += switch
         outer.append(tools["bwrap"])
         opts = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         opts += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
@@ -220,12 +227,12 @@ class BwrapSandbox:
         opts += ["--chdir", self.workdir]
         return outer, opts, limits(s)
 
-    def _argv(self, script: str, *args: str) -> tuple[list[str], int]:
+    def _argv(self, script: str, *args: str, env_back: bytes | None = None) -> tuple[list[str], int]:
         """The command line of `sh -c script sh args` in a sandbox of its own, and the pipe with bwrap's options
-        (close it after)."""
+        (close it after); `env_back`: the options that give it its environment (_environment), if not the sandbox's."""
         # Options on a pipe keep the host's paths out of PID 1's command line, which `ps` shows the model.
         read, write = os.pipe()
-        os.write(write, self._options)
+        os.write(write, self._options + (self._env_back if env_back is None else env_back))
         os.close(write)
         return [*self._outer, "--args", str(read), "--", "/bin/sh", "-c", self._limits + script, "sh", *args], read
 
@@ -234,7 +241,9 @@ class BwrapSandbox:
         its limits set by the shell itself, its oom_score_adj by this process before bwrap has read its options,
         so before the shell exists (it inherits it; non-dumpable, it could not raise its own)."""
         read, write = os.pipe()
-        options = self._options + SHELL_OPTIONS  # not the sandbox: the lasting thread may hold `started` a while
+        options = (
+            self._options + self._env_back + SHELL_OPTIONS
+        )  # not the sandbox: the lasting thread may hold `started` a while
 
         def started(pid: int | None) -> None:
             try:
@@ -265,7 +274,7 @@ class BwrapSandbox:
         argv, options = self._argv(START, command)
         try:
             done = stream(
-                argv, env=self._env, cwd="/", timeout=timeout, kill=lambda proc: proc.kill(), pass_fds=(options,)
+                argv, env=self._start_env, cwd="/", timeout=timeout, kill=lambda proc: proc.kill(), pass_fds=(options,)
             )
         finally:
             os.close(options)
@@ -280,13 +289,14 @@ class BwrapSandbox:
         """A process in a bwrap sandbox of its own over the sample's directories: it sees the same files."""
         if not argv:
             raise SandboxError("no command to start")
-        command, options = self._argv(START_PROCESS, *argv)
+        start_env, env_back = self._environment({**self._env, **(env or {})})
+        command, options = self._argv(START_PROCESS, *argv, env_back=env_back)
 
         def popen() -> subprocess.Popen:
             return subprocess.Popen(
                 command,
                 cwd="/",
-                env={**self._env, **(env or {})},
+                env=start_env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -356,7 +366,7 @@ class BwrapSandbox:
                 argv,
                 input=data,
                 capture_output=True,
-                env=self._env,
+                env=self._start_env,
                 cwd="/",
                 timeout=FILE_OP_TIMEOUT,
                 pass_fds=(options,),
@@ -415,9 +425,11 @@ def probe(settings: SandboxSettings | None = None) -> str | None:
 
 
 def _try(settings: SandboxSettings) -> str | None:
-    missing = [name for name, path in _tools().items() if path is None and (name != "setpriv" or sandbox_user())]
-    if missing:
-        return f"{' and '.join(missing)} not found (Debian: apt-get install bubblewrap util-linux)"
+    if _tools()["bwrap"] is None:
+        return "bwrap not found (Debian: apt-get install bubblewrap)"
+    user = sandbox_user()
+    if user and user_switch.prefix(*user) is None:
+        return "neither chroot nor setpriv can run commands as nobody (Debian: apt-get install coreutils util-linux)"
     sandbox = None
     try:
         sandbox = BwrapSandbox(SandboxSpec(settings), lasting=False)  # the runner forks its workers as one thread
