@@ -291,12 +291,14 @@ def test_a_worker_takes_up_what_an_idle_one_leaves_of_the_limit(tmp_path):
     def calls(w: str) -> None:
         pacer = workers[w]
         while time.monotonic() < stops[w]:  # a worker's last calls still go, as its last prompts finish
-            ticket = pacer.acquire(deadline=stops[w] + 30)
-            ok, headers = limit.take()
-            if ok:
-                time.sleep(0.02)
-            pacer.release(ticket, 200 if ok else 429, {k.lower(): v for k, v in headers.items()})
-            if not ok:
+            while True:  # a refused call sleeps its Retry-After and goes again, as the client's do
+                ticket = pacer.acquire(deadline=stops[w] + 30)
+                ok, headers = limit.take()
+                if ok:
+                    time.sleep(0.02)
+                pacer.release(ticket, 200 if ok else 429, {k.lower(): v for k, v in headers.items()})
+                if ok:
+                    break
                 time.sleep(retry_after({k.lower(): v for k, v in headers.items()}) or 1.0)
 
     def watch() -> None:
@@ -319,19 +321,22 @@ def test_a_worker_takes_up_what_an_idle_one_leaves_of_the_limit(tmp_path):
     assert held[len(held) // 2] >= 0.8 * rate, f"a's pace 1-3 s after b ran out of calls: {held[::10]}"
 
 
-def test_a_worker_whose_last_call_was_refused_tells_the_others_it_sends_nothing(tmp_path):
-    """Its last call refused (no retry left, or none wanted), a worker is idle all the same: the others
-    hear it at once, not when its last word goes stale seconds later (the full suite caught a worker
-    still held to its half 3 s after the other's last calls)."""
+def test_a_worker_whose_refused_calls_wait_to_go_again_is_not_idle(tmp_path):
+    """A refused call sleeps its Retry-After outside the pacer: until it asks again its worker still has calls,
+    and the others must not hear it sends nothing (they would take its share, and their next cut would count
+    the endpoint's rate without it); once its last call is done, they hear it at once."""
     b = Pacer(share=0.5, peers=Peers(str(tmp_path), "endpoint", me="b"))
     a = Peers(str(tmp_path), "endpoint", me="a")
     b.release(b.acquire(), 200, {})  # no limit seen yet
     b.release(b.acquire(), 429, {"retry-after": "0"})  # paced from now on
-    first, last = b.acquire(deadline=time.monotonic() + 5), b.acquire(deadline=time.monotonic() + 5)
-    assert first is not None and last is not None
-    b.release(first, 200, {})
-    assert a.others_sending(time.monotonic()) > 0  # one call still in flight: b sends
-    b.release(last, 429, {})
+    refused, accepted = b.acquire(deadline=time.monotonic() + 5), b.acquire(deadline=time.monotonic() + 5)
+    assert refused is not None and accepted is not None
+    b.release(refused, 429, {"retry-after": "0"})
+    b.release(accepted, 200, {})  # nothing waits or is in flight, but the refused call comes back
+    assert a.others_sending(time.monotonic()) > 0
+    again = b.acquire(deadline=time.monotonic() + 5)
+    assert again is not None
+    b.release(again, 200, {})
     assert a.others_sending(time.monotonic()) == 0
 
 

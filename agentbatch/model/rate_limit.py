@@ -71,6 +71,7 @@ AHEAD = 2.0  # past the ceiling, the rate stays within this many times the calls
 # refuses everything, so every call waits.
 STREAK, STREAK_SECONDS = 3, 0.25
 BARE_PAUSE = 1.0  # that wait when the 429 names none
+OWED_MARGIN = 1.0  # seconds past its Retry-After that a refused call is still expected back (a busy CPU, backoff)
 MARGIN = 0.02  # seconds after the endpoint's second is over (our clock and its differ by a send)
 SLACK = 0.01  # seconds of permits issued together when the issuer wakes late (a busy CPU)
 MIN_RATE = 0.5  # calls per second
@@ -123,6 +124,10 @@ class Pacer:
         self._starts: deque[float] = deque(maxlen=16384)
         self._refusals: deque[float] = deque(maxlen=16384)
         self._accepted: deque[float] = deque(maxlen=16384)
+        # Refused calls expected back (they sleep their Retry-After outside the pacer, then ask again): until
+        # when. A worker whose calls all sleep so is not idle: told so, the others would take its share, and
+        # their next cut would take what it sends for what the endpoint takes (a total the lift never passes).
+        self._owed: deque[float] = deque(maxlen=16384)
         self._issuer: threading.Thread | None = None
 
     def acquire(self, deadline: float | None = None) -> float | None:
@@ -137,6 +142,8 @@ class Pacer:
                 wait = self._try_start(now)
                 if wait is None:
                     self._in_flight += 1
+                    if self._owed:
+                        self._owed.popleft()  # a refused call back (or a new one: the worker is busy either way)
                     self._starts.append(now)
                     return now
                 if deadline is not None:
@@ -155,6 +162,7 @@ class Pacer:
         with self._cond:
             self._in_flight -= 1
             if status in OVERLOADED:
+                self._owed.append(now + (retry_after(headers) or BARE_PAUSE) + OWED_MARGIN)
                 limits = _limits(headers)
                 if limits:
                     self._back_off(now, ticket, headers, limits)
@@ -314,7 +322,6 @@ class Pacer:
                 # a Retry-After in whole seconds says. The refused calls themselves still wait for it.
                 pause = min(pause, self._starts[0] + 1.0 + MARGIN - now)
             self._pause(now, pause)
-        self._note_sending(now)
 
     def _pause(self, now: float, seconds: float) -> None:
         """No call starts for `seconds` (at most MAX_PAUSE): the permits issued are void."""
@@ -341,24 +348,20 @@ class Pacer:
             self._accepted.popleft()
         if len(self._accepted) > max(self._ceiling, LIFT * self.rate + 1):
             self._lift(len(self._accepted))
-        self._note_sending(now)
-        rate = self._ceiling * _climbed(self._climb, self._climb_seconds())
-        if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
-            rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
-        self.rate = _clamp(rate)
-
-    def _note_sending(self, now: float) -> None:
-        """Now and then, and as soon as its last call is done, what this process sends is to be told to the
-        others (by release(), outside the lock), whether its call was accepted or refused: a worker whose
-        last calls were refused is idle too, and the others must not wait for its word to go stale."""
-        idle = not self._waiting and not self._in_flight
+        while self._owed and self._owed[0] < now:
+            self._owed.popleft()  # a refused call that did not come back (its retries were over)
+        idle = not self._waiting and not self._in_flight and not self._owed
         settled = self._first_refusal is None  # (before, what it sent was the burst before its first 429)
         if self.peers.directory and settled and (now - self._told >= TELL_SECONDS or idle != self._idle):
             self._told, self._idle = now, idle
             # What it sends at its pace, or its share of the endpoint while its calls wait for more: what it
-            # claims of the limit.
+            # claims of the limit. Told by release(), outside the lock.
             sending = min(self.rate, float(self._sent(now)))
             self._telling = 0.0 if idle else max(sending, self._total * self.share) if self._waiting else sending
+        rate = self._ceiling * _climbed(self._climb, self._climb_seconds())
+        if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
+            rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
+        self.rate = _clamp(rate)
 
     def _lift(self, ceiling: float) -> None:
         """A higher ceiling, the rate kept where it is (at least CUT of the new ceiling)."""
