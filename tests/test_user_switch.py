@@ -11,13 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from sandbox_support import create, spec_for
 
-from agentbatch.sandboxes import user_switch
-from agentbatch.sandboxes.base import SANDBOX_ENV
+from agentbatch.sandboxes import bwrap, sandbox_dirs, user_switch
+from agentbatch.sandboxes.base import SANDBOX_ENV, SandboxError, SandboxSettings, SandboxSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 WHO = "grep -E '^(Uid|Gid|Groups):' /proc/self/status | tr -s '\\t ' ' '; echo \"LC_ALL=$LC_ALL\""
@@ -75,3 +76,13 @@ def test_where_chroot_is_refused_setpriv_makes_the_sandbox_nobody():
     program, output = json.loads(done.stdout.splitlines()[-1])
     assert program == setpriv
     assert who(output) == expected()
+
+
+def test_where_nothing_can_drop_root_a_sandbox_says_so_and_leaves_no_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(sandbox_dirs, "shared_base", lambda: str(tmp_path))  # where a sandbox nobody enters is made
+    monkeypatch.setattr(bwrap, "sandbox_user", lambda: (65534, 65534))
+    monkeypatch.setattr(user_switch, "prefix", lambda uid, gid: None)
+    with pytest.raises(SandboxError, match="^neither chroot nor setpriv can run commands as nobody"):
+        bwrap.BwrapSandbox(SandboxSpec(SandboxSettings(kind="bwrap")))
+    assert list(tmp_path.iterdir()) == []

@@ -122,8 +122,8 @@ def _raise_oom(pid: int) -> None:
 
 
 @cache
-def _tools() -> dict[str, str | None]:
-    return {name: shutil.which(name) for name in ("bwrap",)}
+def _bwrap_path() -> str | None:
+    return shutil.which("bwrap")
 
 
 @cache
@@ -166,6 +166,11 @@ class BwrapSandbox:
         self._lasting = lasting
         self.workdir = posixpath.normpath(spec.cwd) if spec.cwd else DEFAULT_WORKDIR
         self._user = sandbox_user()
+        switch = user_switch.prefix(*self._user) if self._user else []  # before any directory is made for it
+        if switch is None:
+            raise SandboxError(
+                "neither chroot nor setpriv can run commands as nobody (Debian: apt-get install coreutils util-linux)"
+            )
         # The base stays the runner's (others may only pass through it); work/ and tmp/ are the sandbox user's.
         self._base = sandbox_dirs.make(0o711, reachable=self._user is not None)
         self._work = os.path.join(self._base, "work")
@@ -186,7 +191,7 @@ class BwrapSandbox:
         mounts += [(p, None, False) for p in PRIVATE_DIRS]
         mounts += [(d, None, False) for d in SYSTEM_DIRS if os.path.islink(d)]
         self._mounts = sorted(mounts, key=lambda m: len(m[0]), reverse=True)
-        self._outer, opts, self._limits = self._bwrap_args(system_args)
+        self._outer, opts, self._limits = self._bwrap_args(switch, system_args)
         self._shell_limits = limits(self.settings, bash=True)
         self._options = b"".join(o.encode() + b"\0" for o in opts)
         self._shell = SampleShell(self, BwrapSandbox._resident_shell)
@@ -198,16 +203,11 @@ class BwrapSandbox:
         """What bwrap (and the program before it) starts with, and bwrap's options that give the sandbox `env`."""
         return user_switch.environment(env) if self._user else (env, b"")
 
-    def _bwrap_args(self, system_args: tuple[str, ...]) -> tuple[list[str], list[str], str]:
-        """The command line before bwrap's options, the options (given on a pipe), and the limits' shell prefix."""
-        tools, s = _tools(), self.settings
-        outer: list[str] = []
-        if self._user:
-            switch = user_switch.prefix(*self._user)
-            if switch is None:
-                raise SandboxError("neither chroot nor setpriv can run commands as nobody here")
-            outer += switch
-        outer.append(tools["bwrap"])
+    def _bwrap_args(self, switch: list[str], system_args: tuple[str, ...]) -> tuple[list[str], list[str], str]:
+        """The command line before bwrap's options (`switch`: what drops root before it), the options (given on a
+        pipe), and the limits' shell prefix."""
+        s = self.settings
+        outer = [*switch, _bwrap_path()]
         opts = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         opts += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
         if not s.network:
@@ -241,9 +241,8 @@ class BwrapSandbox:
         its limits set by the shell itself, its oom_score_adj by this process before bwrap has read its options,
         so before the shell exists (it inherits it; non-dumpable, it could not raise its own)."""
         read, write = os.pipe()
-        options = (
-            self._options + self._env_back + SHELL_OPTIONS
-        )  # not the sandbox: the lasting thread may hold `started` a while
+        # Not the sandbox: the lasting thread may hold `started` a while.
+        options = self._options + self._env_back + SHELL_OPTIONS
 
         def started(pid: int | None) -> None:
             try:
@@ -425,11 +424,8 @@ def probe(settings: SandboxSettings | None = None) -> str | None:
 
 
 def _try(settings: SandboxSettings) -> str | None:
-    if _tools()["bwrap"] is None:
+    if _bwrap_path() is None:
         return "bwrap not found (Debian: apt-get install bubblewrap)"
-    user = sandbox_user()
-    if user and user_switch.prefix(*user) is None:
-        return "neither chroot nor setpriv can run commands as nobody (Debian: apt-get install coreutils util-linux)"
     sandbox = None
     try:
         sandbox = BwrapSandbox(SandboxSpec(settings), lasting=False)  # the runner forks its workers as one thread
