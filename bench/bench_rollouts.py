@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 
-from common import OUT, ROOT, Server, TreeSampler, report, run_cli, write_dataset
+from common import OUT, ROOT, Server, report, run_cli, write_dataset
+from tree_sampler import TreeSampler
 
 CHILD = """
 import json, sys, time

@@ -9,12 +9,12 @@ import resource
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import psutil
+from tree_sampler import TreeSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -90,40 +90,6 @@ def write_dataset(n: int) -> Path:
     return path
 
 
-class TreeSampler(threading.Thread):
-    """Peak summed RSS of a process and all its descendants, sampled every 0.1 s."""
-
-    def __init__(self, pid: int):
-        super().__init__(daemon=True)
-        self.root = psutil.Process(pid)
-        self.peak = 0
-        self.peak_procs = 0
-        self.cpu: dict[int, float] = {}  # last CPU seconds seen per process, for the parent/worker split
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            try:
-                procs = [self.root, *self.root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            total = 0
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                    t = p.cpu_times()
-                    self.cpu[p.pid] = t.user + t.system
-                except psutil.NoSuchProcess:
-                    pass
-            if total > self.peak:
-                self.peak, self.peak_procs = total, len(procs)
-            self._halt.wait(0.1)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
-
-
 def run_cli(
     name: str,
     dataset: Path,
@@ -183,6 +149,7 @@ def run_cli(
         "run_seconds": stats["duration_seconds"],
         "cpu_parent_seen": sampler.cpu.get(proc.pid, 0.0),
         "cpu_others_seen": sum(v for k, v in sampler.cpu.items() if k != proc.pid),
+        "sampler_cpu": sampler.spent,  # the measuring's own, on the same cores
         "loadavg": os.getloadavg(),
         "started": start,
         "ended": ended,
