@@ -8,6 +8,7 @@ already up (and its command then runs in it), and a worker whose samples only an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,10 +22,11 @@ from cli_helpers import RunDir, assert_clean_exit, start_cli, write_dataset
 from sandbox_support import alive, create, spec_for
 from scripted_server import ScriptedServer
 
-from agentbatch.sandboxes import registry
-from agentbatch.sandboxes.base import SandboxError
+from agentbatch.sandboxes import early, registry, starts
+from agentbatch.sandboxes.base import SandboxError, SandboxSettings, SandboxSpec
 from agentbatch.sandboxes.early import EarlyStarts
 from agentbatch.sandboxes.local import LocalSandbox
+from agentbatch.sandboxes.sample import SampleSandbox
 
 RESIDENT = ("bwrap", "local-pidns")
 # The process that holds a sample's resident shell, by sandbox: bwrap, or unshare for the local PID namespace.
@@ -163,3 +165,29 @@ def test_a_worker_whose_samples_only_answer_stops_starting_their_sandboxes(tmp_p
             assert _holders(proc.pid, "bwrap") == [], f"sample {n} started a sandbox its worker's samples do not use"
         assert_clean_exit(_ended(proc))
     assert RunDir(tmp_path / "out" / "answers").stats()["samples"]["done"] == 3
+
+
+@pytest.mark.parametrize("kind", RESIDENT)
+def test_a_directory_sandbox_is_made_without_a_start_permit_a_container_waits_for_one(kind, monkeypatch):
+    """--sandbox_starts paces docker's creations only: while every permit is held, a bwrap or local sample's sandbox
+    is made at once, at its first use and beside its first model call, and a docker sample's waits (here past its
+    time limit, so no engine is needed)."""
+    spec = dataclasses.replace(spec_for(kind), settings=dataclasses.replace(spec_for(kind).settings, starts=1))
+    docker = SandboxSpec(SandboxSettings(kind="docker", starts=1), image="any:1")
+    monkeypatch.setattr(early, "policy", EarlyStarts())  # unlearned: it starts early
+    permits = starts._semaphore(1)
+    assert permits.acquire(timeout=5)  # the one permit, held by another sample's start
+    try:
+        first_use, beside = SampleSandbox(spec), SampleSandbox(spec)
+        try:
+            began = time.monotonic()
+            assert first_use.get(time_left=5).exec("echo made", 30).output == "made\n"
+            beside.start_early(time_left=5)
+            assert beside.made and time.monotonic() - began < 4
+        finally:
+            first_use.close()
+            beside.close()
+        with pytest.raises(TimeoutError):
+            SampleSandbox(docker).get(time_left=0.3)
+    finally:
+        permits.release()

@@ -221,6 +221,9 @@ class Backend(abc.ABC):
     name = ""  # set by the registration
     takes_images = False  # whether a row's image can run in it (else such rows run in docker)
     warms = False  # whether `warm` starts anything: only then is a sandbox made before its sample first uses it
+    # Whether `create` waits for a start permit (--sandbox_starts, sandboxes/starts.py): a container's creation is
+    # heavy enough to pace; a backend whose `create` only makes directories says False.
+    paced = True
 
     def prepare_run(self, settings: SandboxSettings) -> str:
         """Once per session, in the runner: check this backend works here (SandboxError if not); the line it prints."""

@@ -22,6 +22,8 @@ class SampleSandbox:
         self.error: SandboxError | None = None
         self._sandbox: Sandbox | None = None
         self._could_start_early = False  # start_early was asked: the sample's end teaches early.policy
+        # A paced backend's creations share --sandbox_starts permits; 0: none to wait for.
+        self._permits = spec.settings.starts if self.backend.paced else 0
 
     @property
     def made(self) -> bool:
@@ -31,7 +33,7 @@ class SampleSandbox:
     def get(self, time_left: float | None = None) -> Sandbox:
         """The sandbox, created now if need be once a start permit is free; TimeoutError if `time_left` passes first."""
         if self._sandbox is None:
-            with start_permit(self.spec.settings.starts, time_left) as started:
+            with start_permit(self._permits, time_left) as started:
                 if not started:
                     raise TimeoutError("the sample's time limit came while its sandbox waited to start")
                 try:
@@ -51,7 +53,7 @@ class SampleSandbox:
         self._could_start_early = True
         if not early.policy.want():
             return
-        with start_permit(self.spec.settings.starts, time_left) as started:
+        with start_permit(self._permits, time_left) as started:
             if not started:
                 return
             try:

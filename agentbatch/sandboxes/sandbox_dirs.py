@@ -160,7 +160,14 @@ def reap_dead() -> int:
 
 
 class WorkerDirBackend(Backend):
-    """A backend whose sandboxes are such directories (local, bwrap): removed with them, reaped by dead worker."""
+    """A backend whose sandboxes are such directories (local, bwrap): removed with them, reaped by dead worker.
+
+    Not paced by --sandbox_starts: `create` makes a sample's directories and starts nothing (the shell starts
+    apart, at `warm` or the first command). Under permits, the samples of a wave queued behind a few mkdirs of
+    threads that waited for the GIL, before their first model call: bench (19) at 1,000 × 2, a sample's first
+    request 179-199 ms after its start on average, 48-59 ms without (bench/RESULTS.md)."""
+
+    paced = False
 
     def cleanup(self, sandbox, interrupted: bool) -> None:
         sandbox.cleanup()
