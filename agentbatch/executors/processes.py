@@ -29,10 +29,14 @@ import agentbatch.process_guard as process_guard
 import agentbatch.run_tools as run_tools
 from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.sample_runner import WorkerClients
+from agentbatch.sandboxes import closing
 from agentbatch.tools.registry import load_tools
 from agentbatch.work import Cancel, RunConfig, SampleOutcome, SampleTask
 
 _POLL_SECONDS = 0.5
+# How long a finished worker may take to exit before it is killed: it removes its last samples' sandboxes first
+# (closing.py), which for large directories takes seconds.
+_EXIT_SECONDS = 60
 _STOP = None  # the message that tells a worker's threads to finish
 
 
@@ -116,12 +120,13 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
 
 
 def _finish(pool: list[threading.Thread], inbox: queue.SimpleQueue) -> None:
-    """A worker's end: every slot told to stop and joined, then what its tools started with subprocess and left
-    running ended (process_guard)."""
+    """A worker's end: every slot told to stop and joined, its samples' sandboxes removed (closing.py), then what
+    its tools started with subprocess and left running ended (process_guard)."""
     for _ in pool:
         inbox.put(_STOP)
     for t in pool:
         t.join()
+    closing.drain()
     process_guard.end_own_children()
 
 
@@ -310,7 +315,7 @@ def _stop(workers: list[_Worker], slots: Slots | None) -> None:
 
 def _join(workers: list[_Worker]) -> None:
     for w in workers:
-        w.process.join(timeout=10)
+        w.process.join(timeout=_EXIT_SECONDS)
         if w.process.is_alive():
             w.kill()
             w.process.join(timeout=5)

@@ -34,6 +34,7 @@ import agentbatch.process_guard as process_guard
 import agentbatch.run_tools as run_tools
 from agentbatch.executors.base import Admit, Slots, lost
 from agentbatch.sample_runner import WorkerClients
+from agentbatch.sandboxes import closing
 from agentbatch.work import RunConfig, SampleOutcome, SampleTask
 
 _POLL_SECONDS = 0.5
@@ -60,7 +61,9 @@ class SampleActor:
     @ray.method(concurrency_group="control")
     def end(self) -> None:
         """Before Ray kills the actor: end what its tools started with subprocess and left running. Ray's own end
-        of a worker's children reaches its direct children only; what those started went on running."""
+        of a worker's children reaches its direct children only; what those started went on running. Its samples'
+        sandboxes are removed first (closing.py)."""
+        closing.drain()
         process_guard.end_own_children()
 
 

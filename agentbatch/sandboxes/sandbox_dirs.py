@@ -15,7 +15,7 @@ import stat
 import tempfile
 from functools import cache
 
-from agentbatch.sandboxes import containment
+from agentbatch.sandboxes import closing, containment
 from agentbatch.sandboxes.base import Backend, SandboxError
 
 PREFIX = "br-sandbox-"
@@ -170,7 +170,7 @@ class WorkerDirBackend(Backend):
     paced = False
 
     def cleanup(self, sandbox, interrupted: bool) -> None:
-        sandbox.cleanup()
+        closing.defer(sandbox.cleanup)  # after the sample's outcome has gone back (closing.py)
 
     def reap(self, labels: dict[str, str]) -> int:
         """Any run's sandboxes whose worker died, whatever the labels: a live worker's are never touched."""
