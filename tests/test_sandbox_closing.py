@@ -103,3 +103,16 @@ def test_each_worker_removes_its_samples_sandboxes_before_it_exits(tmp_path, san
     lines = RunDir(tmp_path / "out" / "closing").trajectories()
     outputs = [json.loads(t["value"])["output"] for r in lines for t in r["conversations"] if t["from"] == "tool"]
     assert outputs == ["20000\n"] * 4
+
+
+def test_where_no_closer_thread_can_start_the_caller_removes_its_sandbox(monkeypatch):
+    backend, box, path, shell = _made("local-pidns")
+    monkeypatch.setattr(closing, "_state", {})  # this process's closers not started yet
+
+    def refused(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(closing.threading.Thread, "start", refused)
+    backend.cleanup(box, False)
+    assert not os.path.exists(path) and not alive(shell)
+    assert closing.drain(0)  # nothing was left waiting

@@ -36,15 +36,11 @@ def defer(remove: Callable[[], None]) -> None:
     `remove` never raises (a backend's clean-up); if it does, the error is logged and nothing else."""
     with _lock:
         state = _current()
-        if state["pending"] >= PENDING:
+        if state["pending"] >= PENDING or not _enough_threads(state, state["pending"] + 1):
             state = None
         else:
             state["pending"] += 1
             state["idle"].clear()
-            if len(state["threads"]) < min(CLOSERS, state["pending"]):
-                thread = threading.Thread(target=_serve, args=(state,), name="sandbox-closer", daemon=True)
-                thread.start()
-                state["threads"].append(thread)
     if state is None:
         _run(remove)
     else:
@@ -56,6 +52,18 @@ def drain(timeout: float | None = None) -> bool:
     with _lock:
         state = _state if _state.get("pid") == os.getpid() else None
     return state is None or state["idle"].wait(timeout)
+
+
+def _enough_threads(state: dict, pending: int) -> bool:
+    """Start a closer thread if `pending` removals need one more (up to CLOSERS); whether any closer runs."""
+    if len(state["threads"]) < min(CLOSERS, pending):
+        thread = threading.Thread(target=_serve, args=(state,), name="sandbox-closer", daemon=True)
+        try:
+            thread.start()
+            state["threads"].append(thread)
+        except RuntimeError:  # the machine gives no more threads: those there are do, or the caller
+            pass
+    return bool(state["threads"])
 
 
 def _current() -> dict:
