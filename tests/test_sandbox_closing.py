@@ -34,7 +34,8 @@ def _made(kind: str):
 
 
 def _hold_closers() -> threading.Event:
-    """Every closer thread of this process kept busy until the event is set."""
+    """Every closer thread of this process kept busy until the event is set (after the removals pending now)."""
+    assert closing.drain(60)
     gate = threading.Event()
     for _ in range(closing.CLOSERS):
         closing.defer(lambda: gate.wait(60))
