@@ -8,7 +8,6 @@ already up (and its command then runs in it), and a worker whose samples only an
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -172,7 +171,7 @@ def test_a_directory_sandbox_is_made_without_a_start_permit_a_container_waits_fo
     """--sandbox_starts paces docker's creations only: while every permit is held, a bwrap or local sample's sandbox
     is made at once, at its first use and beside its first model call, and a docker sample's waits (here past its
     time limit, so no engine is needed)."""
-    spec = dataclasses.replace(spec_for(kind), settings=dataclasses.replace(spec_for(kind).settings, starts=1))
+    spec = spec_for(kind, starts=1)
     docker = SandboxSpec(SandboxSettings(kind="docker", starts=1), image="any:1")
     monkeypatch.setattr(early, "policy", EarlyStarts())  # unlearned: it starts early
     permits = starts._semaphore(1)

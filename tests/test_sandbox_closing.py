@@ -108,7 +108,7 @@ def test_each_worker_removes_its_samples_sandboxes_before_it_exits(tmp_path, san
 
 def test_where_no_closer_thread_can_start_the_caller_removes_its_sandbox(monkeypatch):
     backend, box, path, shell = _made("local-pidns")
-    monkeypatch.setattr(closing, "_state", {})  # this process's closers not started yet
+    monkeypatch.setattr(closing, "_closers", None)  # this process's closers not started yet
 
     def refused(self):
         raise RuntimeError("can't start new thread")

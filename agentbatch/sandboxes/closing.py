@@ -27,62 +27,71 @@ log = logging.getLogger(__name__)
 CLOSERS = 4  # threads per process that remove sandboxes
 PENDING = 128  # removals waiting or under way in a process, at most (a worker's slots: one wave of samples)
 
-_lock = threading.Lock()
-_state: dict = {}  # this process's: {"pid", "inbox", "threads", "pending", "idle" (an Event: nothing pending)}
+
+class _Closers:
+    """One process's closer threads and the removals handed to them (a forked child makes its own: its parent's
+    threads are not in it)."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = 0
+        self.pending = 0  # handed over and not yet done
+
+
+_done = threading.Condition()  # guards _closers; notified when a process's pending removals reach 0
+_closers: _Closers | None = None
 
 
 def defer(remove: Callable[[], None]) -> None:
-    """Run `remove` on a closer thread of this process, or on the caller's when PENDING are waiting already.
-    `remove` never raises (a backend's clean-up); if it does, the error is logged and nothing else."""
-    with _lock:
-        state = _current()
-        if state["pending"] >= PENDING or not _enough_threads(state, state["pending"] + 1):
-            state = None
+    """Run `remove` on a closer thread of this process, or on the caller's when PENDING are waiting already (or no
+    closer thread can start). `remove` never raises (a backend's clean-up); if it does, the error is logged."""
+    with _done:
+        closers = _current()
+        if closers.pending >= PENDING or not _enough_threads(closers, closers.pending + 1):
+            closers = None
         else:
-            state["pending"] += 1
-            state["idle"].clear()
-    if state is None:
+            closers.pending += 1
+    if closers is None:
         _run(remove)
     else:
-        state["inbox"].put(remove)
+        closers.inbox.put(remove)
 
 
 def drain(timeout: float | None = None) -> bool:
     """Wait until every removal handed to this process's closers is done; whether they all were within `timeout`."""
-    with _lock:
-        state = _state if _state.get("pid") == os.getpid() else None
-    return state is None or state["idle"].wait(timeout)
+    with _done:
+        closers = _current()
+        return _done.wait_for(lambda: closers.pending == 0, timeout)
 
 
-def _enough_threads(state: dict, pending: int) -> bool:
+def _enough_threads(closers: _Closers, pending: int) -> bool:
     """Start a closer thread if `pending` removals need one more (up to CLOSERS); whether any closer runs."""
-    if len(state["threads"]) < min(CLOSERS, pending):
-        thread = threading.Thread(target=_serve, args=(state,), name="sandbox-closer", daemon=True)
+    if closers.threads < min(CLOSERS, pending):
+        thread = threading.Thread(target=_serve, args=(closers,), name="sandbox-closer", daemon=True)
         try:
             thread.start()
-            state["threads"].append(thread)
+            closers.threads += 1
         except RuntimeError:  # the machine gives no more threads: those there are do, or the caller
             pass
-    return bool(state["threads"])
+    return closers.threads > 0
 
 
-def _current() -> dict:
-    """This process's closers (a forked child starts with none: its parent's threads are not in it)."""
-    if _state.get("pid") != os.getpid():
-        idle = threading.Event()
-        idle.set()
-        _state.clear()
-        _state.update(pid=os.getpid(), inbox=queue.SimpleQueue(), threads=[], pending=0, idle=idle)
-    return _state
+def _current() -> _Closers:
+    """This process's closers (the caller holds _done)."""
+    global _closers
+    if _closers is None or _closers.pid != os.getpid():
+        _closers = _Closers()
+    return _closers
 
 
-def _serve(state: dict) -> None:
+def _serve(closers: _Closers) -> None:
     while True:
-        _run(state["inbox"].get())
-        with _lock:
-            state["pending"] -= 1
-            if state["pending"] == 0:
-                state["idle"].set()
+        _run(closers.inbox.get())
+        with _done:
+            closers.pending -= 1
+            if closers.pending == 0:
+                _done.notify_all()
 
 
 def _run(remove: Callable[[], None]) -> None:
