@@ -161,6 +161,7 @@ class Session:
 
     def _run(self, executor: Executor) -> int:
         remaining = self._start()
+        before = signal.getsignal(signal.SIGINT)
         interrupted = self._install_sigint(self._stop)
         view = self.view = Progress(
             len(remaining), sys.stderr, self.s.progress_seconds, self.s.slots, self.budget, self.s.priced
@@ -183,7 +184,7 @@ class Session:
         finally:
             if not quitting:
                 view.close()
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+                signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
         # Samples remove their own sandboxes; these are a dead worker's, or ones whose removal failed.
         self._reap(self._kinds, "that outlived their samples")
         budget_stopped = self.budget is not None and self.budget.stopped and not interrupted()
@@ -399,6 +400,10 @@ class Session:
             print(f"warning: not offered: {', '.join(names)}: {reason}", file=sys.stderr)
 
     def _install_sigint(self, stop: threading.Event):
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # Started with Ctrl-C ignored (a script's background job, as POSIX shells start them): it stays
+            # ignored, as it is while plug-ins load and in `serve`; SIGTERM stops such a run (README).
+            return lambda: False
         state = {"count": 0}
 
         def handler(signum, frame):

@@ -1,6 +1,7 @@
 """Shared fixtures (the Docker ones live in conftest_docker.py), and CI's rule that nothing is skipped."""
 
 import os
+import signal
 
 import pytest
 from conftest_docker import compose_binary, docker_images, docker_run_name, leftover_containers  # noqa: F401
@@ -10,6 +11,12 @@ from agentbatch import plugins
 # The built-in tools, backends, formats and models, and the installed plug-ins, registered as a run's start
 # registers them (the registries never load anything themselves): tests read them as the runner's code does.
 plugins.load()
+
+# A suite started as a script's background job inherits SIGINT ignored, and so would every CLI it starts: the tests
+# that send Ctrl-C mean a terminal's (test_interrupt starts one with it ignored on purpose). Exec sets a handled
+# signal back to its default in the child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(hookwrapper=True)

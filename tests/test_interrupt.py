@@ -13,6 +13,8 @@ import pytest
 from cli_helpers import (
     RunDir,
     assert_clean_exit,
+    cli_command,
+    cli_env,
     first_turn_prompts,
     prompt_of_record,
     run_cli,
@@ -151,3 +153,37 @@ def test_second_ctrl_c_quits_at_once_then_resume_completes(tmp_path, whole_group
 
         srv.script = {p: [{"content": "a", "reasoning": "r", "latency": 0.2}] for p in PROMPTS}
         finish_with_resume(tmp_path, data, srv, run)
+
+
+@pytest.mark.slow
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
+    """A script's background job (`agentbatch … &`) is started with SIGINT ignored: Ctrl-C at the script's terminal,
+    which reaches the job's process group too, must not stop it, as it does not while plug-ins load or in `serve`."""
+    prompts = PROMPTS[:12]
+    data = write_dataset(tmp_path / "ds.jsonl", prompts)
+    run = RunDir(tmp_path / "data" / "ctrlc")
+    default = [{"content": "answer", "reasoning": "thought", "latency": 0.3}]
+    with ScriptedServer(default_script=default) as srv:
+        command = ["env", "--ignore-signal=INT", *cli_command(args_for(data, tmp_path / "data", srv))]
+        proc = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            wait_for_lines(run, 2, proc)
+            interrupt(proc, whole_group=True)
+            time.sleep(0.2)
+            interrupt(proc, whole_group=True)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert "Ctrl-C" not in err and "Traceback" not in err
+    assert Counter(prompt_of_record(r) for r in run.trajectories()) == Counter(prompts)
+    assert run.json("checkpoint.json")["state"] == "finished"
