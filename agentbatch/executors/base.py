@@ -13,6 +13,10 @@ from typing import Protocol
 
 from agentbatch.work import SampleOutcome, SampleTask
 
+# How long a finished worker (a process, a Ray actor) may take to end before it is killed: it removes its last
+# samples' sandboxes first (sandboxes/closing.py), which for large directories takes seconds.
+END_SECONDS = 60
+
 # Asked before each sample is handed out (the run's budget): False keeps the slot empty for now.
 Admit = Callable[[], bool]
 

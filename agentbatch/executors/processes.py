@@ -27,16 +27,13 @@ from multiprocessing.connection import Connection, wait
 import agentbatch.plugins as plugins
 import agentbatch.process_guard as process_guard
 import agentbatch.run_tools as run_tools
-from agentbatch.executors.base import Admit, Slots, lost
+from agentbatch.executors.base import END_SECONDS, Admit, Slots, lost
 from agentbatch.sample_runner import WorkerClients
 from agentbatch.sandboxes import closing
 from agentbatch.tools.registry import load_tools
 from agentbatch.work import Cancel, RunConfig, SampleOutcome, SampleTask
 
 _POLL_SECONDS = 0.5
-# How long a finished worker may take to exit before it is killed: it removes its last samples' sandboxes first
-# (closing.py), which for large directories takes seconds.
-_EXIT_SECONDS = 60
 _STOP = None  # the message that tells a worker's threads to finish
 
 
@@ -315,7 +312,7 @@ def _stop(workers: list[_Worker], slots: Slots | None) -> None:
 
 def _join(workers: list[_Worker]) -> None:
     for w in workers:
-        w.process.join(timeout=_EXIT_SECONDS)
+        w.process.join(timeout=END_SECONDS)
         if w.process.is_alive():
             w.kill()
             w.process.join(timeout=5)

@@ -32,7 +32,7 @@ from ray.exceptions import RayActorError, RayError
 import agentbatch.plugins as plugins
 import agentbatch.process_guard as process_guard
 import agentbatch.run_tools as run_tools
-from agentbatch.executors.base import Admit, Slots, lost
+from agentbatch.executors.base import END_SECONDS, Admit, Slots, lost
 from agentbatch.sample_runner import WorkerClients
 from agentbatch.sandboxes import closing
 from agentbatch.work import RunConfig, SampleOutcome, SampleTask
@@ -126,7 +126,7 @@ class RayExecutor:
                     yield self._outcome(ref, worker, actor, task)
         finally:
             with contextlib.suppress(Exception):  # a dead actor's end fails; the others' still run
-                ray.wait([a.end.remote() for a in self.actors], num_returns=len(self.actors), timeout=10)
+                ray.wait([a.end.remote() for a in self.actors], num_returns=len(self.actors), timeout=END_SECONDS)
             for actor in self.actors:
                 ray.kill(actor)
             self.actors = []
