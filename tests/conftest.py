@@ -1,7 +1,10 @@
 """Shared fixtures (the Docker ones live in conftest_docker.py), and CI's rule that nothing is skipped."""
 
 import os
+import shutil
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest_docker import compose_binary, docker_images, docker_run_name, leftover_containers  # noqa: F401
@@ -27,3 +30,13 @@ def pytest_runtest_makereport(item, call):
     if os.environ.get("BATCH_RUNNER_NO_SKIP") and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped where nothing may be skipped: {report.longrepr}"
+
+
+@pytest.fixture
+def private_tmp():
+    """A TMPDIR for one run alone (its sandbox directories, the ones it reaps, can be counted), which the sandbox's
+    user may pass: no other test's leftovers, which a run's start reaps and says so, are in it."""
+    path = Path(tempfile.mkdtemp(prefix="br-test-tmp-", dir="/tmp"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

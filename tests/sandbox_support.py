@@ -178,3 +178,10 @@ def freed_without_the_collector(made_and_used: Callable[[], Sandbox]) -> bool:
         return gone() is None
     finally:
         gc.enable()
+
+
+def sandbox_dirs_in(tmp) -> list[str]:
+    """The names of the sandbox directories in a TMPDIR (the private_tmp fixture's)."""
+    from agentbatch.sandboxes import sandbox_dirs
+
+    return [p.name for p in tmp.iterdir() if p.name.startswith(sandbox_dirs.PREFIX)]

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +19,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import RunDir, assert_clean_exit, run_cli, start_cli, write_dataset
 from fake_site import FakeSite
-from sandbox_support import new_marker, pids_with, settings_for, wait_gone
+from sandbox_support import new_marker, pids_with, sandbox_dirs_in, settings_for, wait_gone
 from scripted_server import ScriptedServer
 
 from agentbatch.sandboxes import sandbox_dirs
@@ -58,12 +56,13 @@ def by_prompt(run_dir: RunDir) -> dict[str, dict]:
     return {r["conversations"][0]["value"]: r for r in run_dir.trajectories()}
 
 
-def test_bwrap_is_the_default_where_it_works_and_terminal_env_names_it(tmp_path):
+def test_bwrap_is_the_default_where_it_works_and_terminal_env_names_it(tmp_path, private_tmp):
     script = {"who": [terminal("id -un; pwd; hostname"), {"content": "done"}]}
+    alone = {"TMPDIR": str(private_tmp)}  # no other test's leftovers to reap and say so before the note
     for how, flags, env in (
-        ("default", [], None),
-        ("env", [], {"TERMINAL_ENV": "bwrap"}),
-        ("flag", ["--sandbox=bwrap"], None),
+        ("default", [], alone),
+        ("env", [], {**alone, "TERMINAL_ENV": "bwrap"}),
+        ("flag", ["--sandbox=bwrap"], alone),
     ):
         proc, run_dir = run(tmp_path / how, ["who"], script, *flags, env=env)
         assert_clean_exit(proc)
@@ -74,8 +73,8 @@ def test_bwrap_is_the_default_where_it_works_and_terminal_env_names_it(tmp_path)
         assert result["output"].splitlines()[1:] == ["/workspace", "sandbox"], result
 
 
-def test_explicit_local_says_it_is_no_isolation_boundary(tmp_path):
-    proc, _ = run(tmp_path, ["hi"], {"hi": {"content": "done"}}, "--sandbox=local")
+def test_explicit_local_says_it_is_no_isolation_boundary(tmp_path, private_tmp):
+    proc, _ = run(tmp_path, ["hi"], {"hi": {"content": "done"}}, "--sandbox=local", env={"TMPDIR": str(private_tmp)})
     assert_clean_exit(proc)
     note = proc.stderr.splitlines()[0]
     assert note.startswith("warning: sandbox: local") and "not an isolation boundary" in note, note
@@ -168,13 +167,14 @@ def test_bombs_end_their_own_command_and_the_run_goes_on(tmp_path):
     assert honest["output"].strip() == "6" and honest["exit_code"] == 0
 
 
-def test_no_network_cuts_it_and_the_default_keeps_it(tmp_path):
+def test_no_network_cuts_it_and_the_default_keeps_it(tmp_path, private_tmp):
     site = FakeSite({"/ping": lambda seen: (200, {"Content-Type": "text/plain"}, b"pong")})
     try:
         fetch = f"python3 -c \"import urllib.request as u; print(u.urlopen('{site.url}/ping', timeout=5).read())\""
         script = {"net": [terminal(f"{fetch} 2>&1 | tail -n 1"), {"content": "done"}]}
         on, on_dir = run(tmp_path / "on", ["net"], script)
-        off, off_dir = run(tmp_path / "off", ["net"], script, "--sandbox_network=none")
+        alone = {"TMPDIR": str(private_tmp)}  # the note is the first line: no other test's leftovers reaped
+        off, off_dir = run(tmp_path / "off", ["net"], script, "--sandbox_network=none", env=alone)
     finally:
         site.close()
     assert_clean_exit(on)
@@ -231,19 +231,6 @@ def test_the_files_are_what_the_trajectory_says(tmp_path):
     assert read["content"] == "one\nzwei\nthree\n" and search["matches"] == ["./a/b.txt:2:zwei"]
 
 
-@pytest.fixture
-def private_tmp():
-    """A TMPDIR for the run alone, so its sandbox directories can be counted (the sandbox's user may pass)."""
-    path = Path(tempfile.mkdtemp(prefix="br-test-tmp-", dir="/tmp"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _sandbox_dirs(tmp: Path) -> list[str]:
-    return [p.name for p in tmp.iterdir() if p.name.startswith(sandbox_dirs.PREFIX)]
-
-
 @pytest.mark.parametrize("sandbox", ["bwrap", "local"])
 def test_a_dead_workers_sandboxes_are_cleaned_by_the_parent(tmp_path, sandbox, private_tmp):
     marker = new_marker()
@@ -263,7 +250,7 @@ def test_a_dead_workers_sandboxes_are_cleaned_by_the_parent(tmp_path, sandbox, p
             deadline = time.monotonic() + 60
             while len(pids_with(f"{marker}3")) == 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert pids_with(marker) and _sandbox_dirs(private_tmp), "the command never started"
+            assert pids_with(marker) and sandbox_dirs_in(private_tmp), "the command never started"
             worker = _worker_of(proc.pid)
             os.kill(worker, signal.SIGKILL)
             out, err = proc.communicate(timeout=120)
@@ -272,7 +259,7 @@ def test_a_dead_workers_sandboxes_are_cleaned_by_the_parent(tmp_path, sandbox, p
     assert proc.returncode == 3, err
     assert "worker process died" in RunDir(tmp_path / "out" / "dead").failed()[0]["error"]
     assert wait_gone(marker, 1.0) == []
-    assert _sandbox_dirs(private_tmp) == []
+    assert sandbox_dirs_in(private_tmp) == []
 
 
 def _worker_of(runner: int) -> int:
@@ -303,7 +290,7 @@ def test_a_double_ctrl_c_leaves_no_sandbox_behind(tmp_path, sandbox, private_tmp
             deadline = time.monotonic() + 60
             while not all(pids_with(f"sleep {marker}9{i}") for i in range(3)) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            samples = [d for d in _sandbox_dirs(private_tmp) if not d.endswith(sandbox_dirs.NAMES_SUFFIX)]
+            samples = [d for d in sandbox_dirs_in(private_tmp) if not d.endswith(sandbox_dirs.NAMES_SUFFIX)]
             assert len(samples) == 3, "the commands never started"  # and, for local, a worker's names directory
             proc.send_signal(signal.SIGINT)
             time.sleep(0.3)
@@ -313,4 +300,4 @@ def test_a_double_ctrl_c_leaves_no_sandbox_behind(tmp_path, sandbox, private_tmp
             proc.kill()
     assert proc.returncode == 130, err
     assert wait_gone(marker, 1.0) == []
-    assert _sandbox_dirs(private_tmp) == []
+    assert sandbox_dirs_in(private_tmp) == []

@@ -120,7 +120,7 @@ def test_a_name_is_one_backend_and_a_backend_is_a_backend():
     assert registry.get(TOY) is registry.get(TOY)  # one instance per process
 
 
-def test_a_backend_from_a_plugin_file_runs_samples_through_the_cli(tmp_path):
+def test_a_backend_from_a_plugin_file_runs_samples_through_the_cli(tmp_path, private_tmp):
     """--plugins names the module, --sandbox its backend: the note is its own, every worker makes its sandboxes."""
     import json
 
@@ -132,7 +132,8 @@ def test_a_backend_from_a_plugin_file_runs_samples_through_the_cli(tmp_path):
     args += ["--distribution=terminal_only", "--concurrency=2", "--num_workers=2"]
     args += [f"--plugins={ROOT / 'tests' / 'plugins' / 'marked_sandbox.py'}", "--sandbox=marked"]
     with ScriptedServer(default_script=script) as server:
-        run = run_cli(args, tmp_path, server)
+        # Its own TMPDIR: a run's start reaps every dead worker's local sandboxes there (another test's, say so).
+        run = run_cli(args, tmp_path, server, env={"TMPDIR": str(private_tmp)})
     assert_clean_exit(run)
     assert run.stderr.splitlines()[0] == "sandbox: marked (a plug-in's)", run.stderr
     records = RunDir(tmp_path / "data" / "plugged").trajectories()

@@ -15,9 +15,8 @@ import threading
 
 import pytest
 from cli_helpers import RunDir, run_cli, write_dataset
-from sandbox_support import alive, create, spec_for
+from sandbox_support import alive, create, sandbox_dirs_in, spec_for
 from scripted_server import ScriptedServer
-from test_bwrap_cli import _sandbox_dirs, private_tmp  # noqa: F401 (a fixture)
 
 from agentbatch.sandboxes import closing, registry
 
@@ -85,7 +84,7 @@ def test_a_removal_that_fails_is_said_and_the_next_one_still_happens(caplog):
 
 
 @pytest.mark.parametrize("sandbox", ["bwrap", "local"])
-def test_each_worker_removes_its_samples_sandboxes_before_it_exits(tmp_path, sandbox, private_tmp):  # noqa: F811
+def test_each_worker_removes_its_samples_sandboxes_before_it_exits(tmp_path, sandbox, private_tmp):
     """Four samples on two workers, each leaving 20,000 files, so that their removals are still under way when the
     run has its last outcome: nothing is left, and nothing was left for the run's end to reap as a dead worker's."""
     spec_for("bwrap" if sandbox == "bwrap" else "local-pidns")  # skips (a failure in CI) where it cannot run
@@ -100,7 +99,7 @@ def test_each_worker_removes_its_samples_sandboxes_before_it_exits(tmp_path, san
         proc = run_cli(args, tmp_path, srv, env={"TMPDIR": str(private_tmp)})
     assert proc.returncode == 0, proc.stderr
     assert "whose worker had died" not in proc.stderr, proc.stderr
-    assert _sandbox_dirs(private_tmp) == []
+    assert sandbox_dirs_in(private_tmp) == []
     lines = RunDir(tmp_path / "out" / "closing").trajectories()
     outputs = [json.loads(t["value"])["output"] for r in lines for t in r["conversations"] if t["from"] == "tool"]
     assert outputs == ["20000\n"] * 4
