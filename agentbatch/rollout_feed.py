@@ -151,7 +151,8 @@ class Feed:
         self.executor.wake()
 
     def close(self) -> None:
-        """Stop: nothing more is handed out, what runs is cancelled, and the executor's run returns."""
+        """Stop: nothing more is handed out, what runs is cancelled, the executor's run returns and its workers end
+        (each removes its last samples' sandboxes first, closing.py: a reap after this finds only what they left)."""
         with self._lock:
             calls = list(self._calls)
         for call in calls:
@@ -163,6 +164,7 @@ class Feed:
         if self._thread.is_alive():
             self.executor.kill()  # as a second Ctrl-C: the workers still holding samples die, sandboxes reaped
             self._thread.join()
+        self.executor.close()
 
     def _drop(self, call: Call) -> None:
         self._calls = [c for c in self._calls if c is not call]

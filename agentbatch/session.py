@@ -130,7 +130,6 @@ class Session:
             code = self._run(executor)
             if self.s.at_end is None:
                 return code
-            executor.close()  # every sample came back: its workers need not outlive the session into the export
             return self.s.at_end(code)
 
     # A Python caller's rollouts (rollout_run.py) record into a run directory through these three: the
@@ -185,7 +184,9 @@ class Session:
             if not quitting:
                 view.close()
                 signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
-        # Samples remove their own sandboxes; these are a dead worker's, or ones whose removal failed.
+        # Samples remove their own sandboxes, the last ones on their workers' closer threads (closing.py) until the
+        # workers exit: so they exit first. What is left is a dead worker's, or ones whose removal failed.
+        executor.close()
         self._reap(self._kinds, "that outlived their samples")
         budget_stopped = self.budget is not None and self.budget.stopped and not interrupted()
         try:

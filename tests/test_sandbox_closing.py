@@ -3,7 +3,8 @@
 The backend's clean-up returns at once and the removal follows on a closer thread: the sandbox's shell ends and
 its directory goes, as before, and `drain` waits for it. Past PENDING removals waiting, the caller removes its
 sandbox itself. A removal that fails is said and the next one still happens. Through the real CLI: every
-worker removes its samples' sandboxes before it exits, so the end of the run finds no worker's leftovers to reap.
+worker removes its samples' sandboxes before it exits, so the end of the run finds no worker's leftovers to reap;
+and a session's last reap, which a backend may make by label (docker's), comes after its workers have exited.
 """
 
 from __future__ import annotations
@@ -116,3 +117,73 @@ def test_where_no_closer_thread_can_start_the_caller_removes_its_sandbox(monkeyp
     backend.cleanup(box, False)
     assert not os.path.exists(path) and not alive(shell)
     assert closing.drain(0)  # nothing was left waiting
+
+
+DEFERRING = "deferring_sandbox.py"  # tests/plugins: removals deferred and slow, reaped as by label
+ROLLOUTS_CALLER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from agentbatch import Rollouts
+
+with Rollouts(**json.loads(sys.argv[2])) as rollouts:
+    print(sum(len(g.samples) for g in rollouts.run([{"prompt": f"p{i}"} for i in range(4)])), flush=True)
+"""
+
+
+def _deferring(tmp_path):
+    """The plug-in's marks directory, its file, and a server whose four prompts each run a command, then answer."""
+    from cli_helpers import ROOT
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    tool = {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo ran"}}]}
+    server = ScriptedServer(script={f"p{i}": [tool, {"content": "done"}] for i in range(4)})
+    return marks, ROOT / "tests" / "plugins" / DEFERRING, server
+
+
+def _removed_once_each(marks) -> None:
+    assert len((marks / "removed.log").read_text().split()) == 4
+    assert sorted(os.listdir(marks)) == ["removed.log"]
+
+
+def test_the_sessions_last_reap_waits_for_its_workers_deferred_removals(tmp_path):
+    """A backend that defers its removals and reaps by label, as a plug-in may: the session's end reaps only once its
+    workers have exited, so it finds nothing of theirs pending (and says no false "outlived their samples")."""
+    marks, plugin, server = _deferring(tmp_path)
+    data = write_dataset(tmp_path / "ds.jsonl", [f"p{i}" for i in range(4)])
+    args = [f"--dataset_file={data}", "--batch_size=20", "--run_name=deferred", f"--output_dir={tmp_path / 'out'}"]
+    args += ["--model=m", "--require_reasoning=false", "--distribution=terminal_only", "--num_workers=2"]
+    args += ["--concurrency=4", f"--plugins={plugin}", "--sandbox=deferring"]
+    with server as srv:
+        proc = run_cli(args, tmp_path, srv, env={"BR_TEST_MARKS": str(marks)})
+    assert proc.returncode == 0, proc.stderr
+    assert "removed" not in proc.stderr, proc.stderr
+    _removed_once_each(marks)
+
+
+def test_the_rollouts_last_reap_waits_for_their_workers_deferred_removals(tmp_path):
+    """The same through the Python API: leaving `with Rollouts(...)` ends the workers before the session's reap."""
+    import subprocess
+    import sys
+
+    from cli_helpers import ROOT, RUN_TIMEOUT, cli_env
+
+    marks, plugin, server = _deferring(tmp_path)
+    caller = tmp_path / "caller.py"
+    caller.write_text(ROLLOUTS_CALLER)
+    with server as srv:
+        values = {"model": "m", "base_url": srv.base_url, "api_key": "k", "plugins": str(plugin)}
+        values |= {"sandbox": "deferring", "distribution": "terminal_only", "require_reasoning": False}
+        values |= {"num_workers": 2, "concurrency": 4, "run_name": "api", "output_dir": str(tmp_path / "out")}
+        done = subprocess.run(
+            [sys.executable, str(caller), str(ROOT), json.dumps(values)],
+            cwd=tmp_path,
+            env=cli_env({"BR_TEST_MARKS": str(marks)}),
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["4"]
+    assert "removed" not in done.stderr, done.stderr
+    _removed_once_each(marks)

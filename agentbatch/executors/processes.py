@@ -214,7 +214,7 @@ class LocalExecutor:
         """Stop the workers and wait for them: idle ones are told to finish, ones still holding samples are killed.
 
         A run whose samples all came back told its workers to finish then (see _outcomes) and waits for them
-        only here, after the merge: their exit (hundreds of threads joined) overlaps it.
+        here, before the session's last reap: a worker removes its last samples' sandboxes before it exits.
         """
         if self._running is not None:
             self._running.close()  # its finally tells the workers to stop

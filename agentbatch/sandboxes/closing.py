@@ -9,8 +9,9 @@ ended the sample.
 
 What bounds it: at most CLOSERS threads per process, and at most PENDING removals waiting; past that the
 caller removes its sandbox itself, as before, so a run never holds more than that many ended sandboxes.
-A worker waits for every removal before it exits (`drain`); the runner's own process at its exit too. What a
-killed process left, the next session's reap removes, as before.
+A worker waits for every removal before it exits (`drain`); the runner's own process at its exit too; a
+session's last reap comes after its workers have exited, so that a backend that reaps by label (docker's)
+could defer as well. What a killed process left, the next session's reap removes, as before.
 """
 
 from __future__ import annotations
