@@ -2,6 +2,7 @@
 --userspec, or setpriv where chroot is refused; the program before bwrap runs with LC_ALL=C, and the sandbox
 gets its own LC_ALL back. In real bwrap sandboxes: the resident shell's commands, a one-off command, a
 long-lived process with an environment of its own; and in a runner whose bounding set has no CAP_SYS_CHROOT.
+A local sandbox's programs before its shell (setpriv, unshare) run with LC_ALL=C likewise.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from sandbox_support import create, spec_for
 
-from agentbatch.sandboxes import bwrap, sandbox_dirs, user_switch
+from agentbatch.sandboxes import bwrap, sandbox_dirs, shell_program, user_switch
 from agentbatch.sandboxes.base import SANDBOX_ENV, SandboxError, SandboxSettings, SandboxSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,3 +87,22 @@ def test_where_nothing_can_drop_root_a_sandbox_says_so_and_leaves_no_directory(t
     with pytest.raises(SandboxError, match="^neither chroot nor setpriv can run commands as nobody"):
         bwrap.BwrapSandbox(SandboxSpec(SandboxSettings(kind="bwrap")))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_local_sandboxs_programs_before_its_shell_read_no_locale_and_its_commands_get_theirs():
+    sandbox = create(spec_for("local-pidns"))
+    try:
+        assert sandbox.exec('echo "LC_ALL=$LC_ALL"', timeout=30).output == f"LC_ALL={SANDBOX_ENV['LC_ALL']}\n"
+        holder = sandbox._shell.current.pid  # unshare, exec'd by setpriv: the process before the shell
+        with open(f"/proc/{holder}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+        assert b"LC_ALL=C" in environ and os.path.basename(os.readlink(f"/proc/{holder}/exe")) == "unshare"
+        # What the shell's program gives back is the sandbox's own, quietly: a locale missing here is the commands'.
+        start_env, back = shell_program.locale_given_back({"LC_ALL": "xx_YY.UTF-8"})
+        done = subprocess.run(
+            ["bash", "-c", f'{back}; echo "[$LC_ALL]"'], env=start_env, capture_output=True, text=True
+        )
+        assert (done.stdout, done.stderr) == ("[xx_YY.UTF-8]\n", "")
+        assert shell_program.locale_given_back({})[1] == "unset -v LC_ALL"
+    finally:
+        sandbox.cleanup()

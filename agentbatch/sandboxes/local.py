@@ -12,6 +12,7 @@ every command in its own containment.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import posixpath
@@ -30,7 +31,7 @@ from agentbatch.sandboxes.base import (
 from agentbatch.sandboxes.output import stream
 from agentbatch.sandboxes.process import PipeProcess, on_lasting_thread
 from agentbatch.sandboxes.resident import ResidentShell, SampleShell, ShellStart, WarmsItsShell
-from agentbatch.sandboxes.shell_program import hold_host_names, release_host_names
+from agentbatch.sandboxes.shell_program import hold_host_names, locale_given_back, release_host_names
 
 UNTRUSTED = "not an isolation boundary: commands run as your user and reach whatever it can"
 _METHODS = {"pidns": "a PID namespace", "cgroup": "a cgroup", "scan": "a /proc scan (weak)"}
@@ -56,7 +57,7 @@ class LocalSandbox:
     def _resident_shell(self) -> ResidentShell:
         if self._names is None:  # held until the sandbox's clean-up
             self._names = hold_host_names()
-        return ResidentShell(_namespace_prefix, self._env, self.workdir, self._names)
+        return ResidentShell(functools.partial(_namespace_prefix, self._env), self._env, self.workdir, self._names)
 
     @property
     def workdir(self) -> str:
@@ -201,8 +202,10 @@ class LocalSandbox:
             sandbox_dirs.remove(self._tmp)
 
 
-def _namespace_prefix() -> ShellStart:
-    return ShellStart(containment.namespace_prefix())
+def _namespace_prefix(env: dict[str, str]) -> ShellStart:
+    """setpriv and unshare start with LC_ALL=C, the shell's program gives the sandbox's own back first."""
+    start_env, back = locale_given_back(env)
+    return ShellStart(containment.namespace_prefix(), limits=back, env=start_env)
 
 
 def _roots(*dirs: str | None) -> list[str]:

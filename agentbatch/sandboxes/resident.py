@@ -62,13 +62,16 @@ _CHUNK = 65536
 class ShellStart:
     """How a resident shell starts, as its sandbox's `prefix()` says: `argv`, the command line that puts a program in
     the sandbox as PID 1 of its PID namespace; `pass_fds`, the fds that needs (closed here once it started);
-    `limits`, bash's words that set the sandbox's limits first in the shell's program (shell_program.runner_script);
-    `started(pid)`, called once the process exists (None: it could not start), before it goes on."""
+    `limits`, bash's words run first in the shell's program (shell_program.runner_script): the sandbox's limits, its
+    LC_ALL;
+    `started(pid)`, called once the process exists (None: it could not start), before it goes on; `env`, the
+    environment `argv` starts with where it is not the shell's own (`limits` then gives the shell its own back)."""
 
     argv: list[str]
     pass_fds: tuple[int, ...] = ()
     limits: str = ""
     started: Callable[[int | None], None] | None = None
+    env: dict[str, str] | None = None
 
 
 class ShellEnded(SandboxError):
@@ -151,7 +154,7 @@ class ResidentShell:
                     stdin=req_r,
                     stdout=status_w,
                     stderr=status_w,
-                    env=env,
+                    env=env if start.env is None else start.env,
                     cwd=cwd,
                     start_new_session=True,
                     pass_fds=fds,

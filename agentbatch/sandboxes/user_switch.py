@@ -18,7 +18,8 @@ import shutil
 import subprocess
 import threading
 
-LOCALE = "LC_ALL"
+from agentbatch.sandboxes.shell_program import LOCALE
+
 _lock = threading.Lock()
 _chosen: dict[tuple[int, int], list[str] | None] = {}
 
