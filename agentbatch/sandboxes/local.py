@@ -205,7 +205,7 @@ class LocalSandbox:
 def _namespace_prefix(env: dict[str, str]) -> ShellStart:
     """setpriv and unshare start with LC_ALL=C, the shell's program gives the sandbox's own back first."""
     start_env, back = locale_given_back(env)
-    return ShellStart(containment.namespace_prefix(), limits=back, env=start_env)
+    return ShellStart(containment.namespace_prefix(), prelude=back, env=start_env)
 
 
 def _roots(*dirs: str | None) -> list[str]:

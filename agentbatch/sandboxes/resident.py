@@ -62,14 +62,13 @@ _CHUNK = 65536
 class ShellStart:
     """How a resident shell starts, as its sandbox's `prefix()` says: `argv`, the command line that puts a program in
     the sandbox as PID 1 of its PID namespace; `pass_fds`, the fds that needs (closed here once it started);
-    `limits`, bash's words run first in the shell's program (shell_program.runner_script): the sandbox's limits, its
-    LC_ALL;
-    `started(pid)`, called once the process exists (None: it could not start), before it goes on; `env`, the
-    environment `argv` starts with where it is not the shell's own (`limits` then gives the shell its own back)."""
+    `prelude`, bash's words run first in the shell's program (shell_program.runner_script): bwrap's limits, local's
+    LC_ALL given back; `started(pid)`, called once the process exists (None: it could not start), before it goes
+    on; `env`, the environment `argv` starts with where it is not the shell's own (`prelude` gives it back)."""
 
     argv: list[str]
     pass_fds: tuple[int, ...] = ()
-    limits: str = ""
+    prelude: str = ""
     started: Callable[[int | None], None] | None = None
     env: dict[str, str] | None = None
 
@@ -142,7 +141,7 @@ class ResidentShell:
                 os.close(fd)
             return str(e)
         path = f"/proc/self/fd/{shell}" if shell is not None else BASH
-        script = runner_script(out_w, self._command, shell, self._names, start.limits)
+        script = runner_script(out_w, self._command, shell, self._names, start.prelude)
         argv = [*start.argv, path, "-c", script, "/bin/bash"]  # $0 as before
         fds = (*start.pass_fds, out_w, self._command, *(() if shell is None else (shell,)))
 

@@ -28,12 +28,13 @@ TEXT_LINK = f"/proc/self/fd/{TEXT_FD}"  # where NAMED leads, in each command's s
 _MFD_EXEC = 0x0010  # memfd_create's MFD_EXEC (Linux 6.3+): executable even where memfds default to noexec
 
 
-def runner_script(out: int, command: int, shell: int | None, names: str, limits: str = "") -> str:
+def runner_script(out: int, command: int, shell: int | None, names: str, prelude: str = "") -> str:
     """The shell's program, on one line so that a command's line numbers are its own (its text is read from line 1).
 
     `out`, `command`, `shell`: the numbers of its output pipe, its command memfd and the copy of bash it was
     executed from (None: plain bash), as it inherits them; `names`: the directory, in the sandbox's view, that
-    holds `bash`, a symbolic link to the command's text; `limits`, bash's words that set the sandbox's limits, first.
+    holds `bash`, a symbolic link to the command's text; `prelude`, bash's words run first (the sandbox's limits,
+    its LC_ALL given back).
     """
     take = "" if command == TEXT_FD else f" {TEXT_FD}<&{command} {command}<&-"
     run = [
@@ -46,7 +47,7 @@ def runner_script(out: int, command: int, shell: int | None, names: str, limits:
     ]
     names = shlex.quote(names)
     steps = [
-        *([limits.rstrip("; ")] if limits else []),  # its stderr is the status pipe until the next step
+        *([prelude.rstrip("; ")] if prelude else []),  # its stderr is the status pipe until the next step
         f"exec {'' if shell is None else f'{shell}<&- '}2>/dev/null",  # job notices go nowhere
         "set -m",  # job control: each command in the foreground, in a process group of its own
         "__br_wd=$PWD",
