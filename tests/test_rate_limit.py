@@ -18,6 +18,7 @@ from agentbatch.model.base import ModelCallError
 from agentbatch.model.client import ModelClient, ModelSettings
 from agentbatch.model.pacing_peers import Peers
 from agentbatch.model.rate_limit import (
+    AFTER_PAUSE,
     CLIMB,
     CUT,
     PROBE_DOUBLING,
@@ -142,6 +143,34 @@ def paced_after_first_window() -> Pacer:
     for t in tickets[1:]:
         pacer.release(t, 200, {})
     return pacer
+
+
+def burst_then_paced(pacer: Pacer, calls: int = PROBE_WINDOW) -> None:
+    """The probe's first `calls` all under way, the first refused (Retry-After: 1) and the others accepted: the
+    pacer pauses every call until the endpoint's second is over, then paces at CUT of the burst."""
+    tickets = [pacer.acquire() for _ in range(calls)]  # (past the first window, as the probe doubles it)
+    pacer.release(tickets[0], 429, {"retry-after": "1"})
+    for t in tickets[1:]:
+        pacer.release(t, 200, {})
+
+
+def test_a_429_just_after_the_first_pause_is_not_a_lower_limit():
+    pacer = Pacer()
+    burst_then_paced(pacer)
+    ticket = pacer.acquire(deadline=time.monotonic() + 10)  # the first call after the pause
+    assert ticket is not None
+    rate = pacer.rate
+    assert rate == pytest.approx(CUT * (PROBE_WINDOW - 1))
+    # The burst reached the endpoint a little late, so its second is not quite over there: refused. Counted over
+    # the last second, which the pause kept empty, the endpoint would seem to take nothing: the rate fell to its
+    # floor of 0.5 a second, and stayed far below the limit for seconds.
+    pacer.release(ticket, 429, {"retry-after": "1"})
+    assert pacer.rate == rate
+    # A limit that really is lower still shows: refused a moment later, a call cuts the rate.
+    time.sleep(AFTER_PAUSE)
+    ticket = pacer.acquire(deadline=time.monotonic() + 10)
+    pacer.release(ticket, 429, {"retry-after": "1"})
+    assert pacer.rate < rate
 
 
 def test_a_lone_429_holds_back_its_own_call_only_and_a_streak_holds_back_every_call():

@@ -63,6 +63,7 @@ PLATEAU = 1.0  # seconds at the ceiling before growing past it: fewer 429s, each
 CLIMB, CLIMB_CALLS, CLIMB_MAX = 1.0, 20, 3.0
 EXPLORE = 1.0
 SETTLE = 1.0  # seconds after a cut that a window limit still counts the calls from before it
+AFTER_PAUSE = 0.25  # seconds after a pause whose 429s are the endpoint's second before it, not a lower limit
 TELL_SECONDS = 0.25  # how often a worker tells the others what it sends (bench (16): the runs' last seconds)
 LIFT = 1.2  # accepted in a second over this many times the rate: the ceiling was too low
 AHEAD = 2.0  # past the ceiling, the rate stays within this many times the calls started in about the last second
@@ -295,7 +296,11 @@ class Pacer:
         if first:
             self._pace(now, None)
             cut = True
-        elif ticket > self._last_cut:  # calls sent before the last cut went at the old pace: they count once
+        elif ticket > self._last_cut and not self._paused_until <= ticket < self._paused_until + AFTER_PAUSE:
+            # (calls sent before the last cut went at the old pace: they count once; and the first calls after a
+            # pause meet the endpoint's second before it: the first pause ends as the burst before it leaves that
+            # second on our clock, and a burst that reached the endpoint late (a busy CPU) is still in it there.
+            # Cut for them, the ceiling would be the few calls sent since the pause.)
             # A window limit remembers the second before the cut: calls soon after it may still be refused,
             # a cut again only if the endpoint now takes less than the cut rate (the limit went down).
             taken = self._taken(now)
