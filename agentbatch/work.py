@@ -85,6 +85,11 @@ class Cancel:
     keys: tuple[tuple[int, int], ...]
 
 
+@dataclass(frozen=True)
+class HandedOut:
+    """Sent to a worker: every task of the run is handed out, so the samples it holds are its last."""
+
+
 @dataclass
 class SampleOutcome:
     """How a sample ended: "done" with a record, "discarded" with a record and reason, or "failed" with an error."""

@@ -14,6 +14,7 @@ from cli_helpers import RunDir, assert_clean_exit, run_cli, write_dataset
 from scripted_rate_limit import RateLimit
 from scripted_server import ScriptedServer
 
+from agentbatch.model import rate_limit
 from agentbatch.model.base import ModelCallError
 from agentbatch.model.client import ModelClient, ModelSettings
 from agentbatch.model.pacing_peers import Peers
@@ -21,6 +22,7 @@ from agentbatch.model.rate_limit import (
     AFTER_PAUSE,
     CLIMB,
     CUT,
+    PLATEAU,
     PROBE_DOUBLING,
     PROBE_WINDOW,
     STREAK,
@@ -171,6 +173,35 @@ def test_a_429_just_after_the_first_pause_is_not_a_lower_limit():
     ticket = pacer.acquire(deadline=time.monotonic() + 10)
     pacer.release(ticket, 429, {"retry-after": "1"})
     assert pacer.rate < rate
+
+
+def test_a_worker_told_its_samples_are_the_last_stays_below_its_ceiling(monkeypatch):
+    """Calls wait for the pacer past the climb and the plateau, when it would grow past the ceiling: told the
+    samples are the last, it stays at CUT of the ceiling instead."""
+    rates = {}
+    for told in (False, True):
+        monkeypatch.setattr(rate_limit, "_last_samples", threading.Event())
+        if told:
+            rate_limit.last_samples()
+        pacer = Pacer()
+        ceiling = 4 * PROBE_WINDOW - 1  # (CLIMB_CALLS calls take less than CLIMB at that rate)
+        burst_then_paced(pacer, ceiling + 1)
+        stop = time.monotonic() + 1.0 + CLIMB + PLATEAU + 1.0  # the pause, the climb, the plateau, then growth
+
+        def calls(pacer=pacer, stop=stop) -> None:  # more calls than the rate lets through, all accepted
+            while time.monotonic() < stop:
+                ticket = pacer.acquire(deadline=stop)
+                if ticket is not None:
+                    pacer.release(ticket, 200, {})
+
+        threads = [threading.Thread(target=calls) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        rates[told] = pacer.rate / ceiling
+    assert rates[False] > 1.05, rates  # grown past the ceiling, to find a limit that went up
+    assert rates[True] == pytest.approx(CUT), rates
 
 
 def test_a_lone_429_holds_back_its_own_call_only_and_a_streak_holds_back_every_call():

@@ -28,10 +28,11 @@ import agentbatch.plugins as plugins
 import agentbatch.process_guard as process_guard
 import agentbatch.run_tools as run_tools
 from agentbatch.executors.base import END_SECONDS, Admit, Slots, lost
+from agentbatch.model import rate_limit
 from agentbatch.sample_runner import WorkerClients
 from agentbatch.sandboxes import closing
 from agentbatch.tools.registry import load_tools
-from agentbatch.work import Cancel, RunConfig, SampleOutcome, SampleTask
+from agentbatch.work import Cancel, HandedOut, RunConfig, SampleOutcome, SampleTask
 
 _POLL_SECONDS = 0.5
 _STOP = None  # the message that tells a worker's threads to finish
@@ -86,6 +87,9 @@ def _worker_main(cfg: RunConfig, tasks: Connection, results: Connection, threads
             task = _STOP
         if task is _STOP:
             break
+        if isinstance(task, HandedOut):
+            rate_limit.last_samples()
+            continue
         if isinstance(task, Cancel):
             with count:
                 for key in task.keys:
@@ -265,6 +269,9 @@ class LocalExecutor:
             while True:
                 if not exhausted and not stop.is_set():
                     exhausted = slots.fill(pending, lambda w, task: workers[w].send(task), admit)
+                    if exhausted:  # (a rate-limited endpoint is then probed no further: pacer.last_samples)
+                        for w in workers:
+                            w.send(HandedOut())
                 if not slots.busy and (exhausted or stop.is_set()):
                     return
                 watched = [w.results for w in workers] + [w.process.sentinel for w in workers] + [self._woken]
@@ -286,6 +293,8 @@ class LocalExecutor:
                         yield from (lost(task, error) for task in slots.take(i))
                         w.close()
                         workers[i] = _Worker(self._spawn, self.cfg, self.threads, [])
+                        if exhausted:
+                            workers[i].send(HandedOut())
         finally:
             self._stopped = True
             _stop(workers, slots)

@@ -33,6 +33,7 @@ import agentbatch.plugins as plugins
 import agentbatch.process_guard as process_guard
 import agentbatch.run_tools as run_tools
 from agentbatch.executors.base import END_SECONDS, Admit, Slots, lost
+from agentbatch.model import rate_limit
 from agentbatch.sample_runner import WorkerClients
 from agentbatch.sandboxes import closing
 from agentbatch.work import RunConfig, SampleOutcome, SampleTask
@@ -57,6 +58,11 @@ class SampleActor:
     @ray.method(concurrency_group="control")  # answers even while every slot is busy
     def pid(self) -> int:
         return os.getpid()
+
+    @ray.method(concurrency_group="control")
+    def handed_out(self) -> None:
+        """Every task of the run is handed out: the samples this actor holds are its last."""
+        rate_limit.last_samples()
 
     @ray.method(concurrency_group="control")
     def end(self) -> None:
@@ -115,6 +121,9 @@ class RayExecutor:
             while True:
                 if not exhausted and not stop.is_set():
                     exhausted = slots.fill(pending, send, admit)
+                    if exhausted:
+                        for actor in self.actors:
+                            actor.handed_out.remote()
                 if not refs and (exhausted or stop.is_set()):
                     return
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=_POLL_SECONDS)

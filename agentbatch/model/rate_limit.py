@@ -23,7 +23,8 @@ the rate climbs back to the ceiling within CLIMB seconds, slowing as it nears it
 faster and faster past it, so a ceiling that rose is found within a few seconds, and only while calls are
 waiting for the pacer. A lone 429 holds back only its own call, for its Retry-After (the retry loop); the
 rest go on at the cut rate. When the endpoint refuses everything (the first 429, or STREAK in a row with
-no success between), every call waits for the Retry-After, or BARE_PAUSE when the 429 names no time.
+no success between), every call waits for the Retry-After, or BARE_PAUSE when the 429 names no time. Once a
+worker's samples are the run's last (last_samples), its rate stays at CUT of the ceiling.
 """
 
 from __future__ import annotations
@@ -90,6 +91,16 @@ class Limits:
     rate: float
     limit: float
     remaining: float
+
+
+_last_samples = threading.Event()  # set in a worker once the run has no task left to hand out (HandedOut)
+
+
+def last_samples() -> None:
+    """This process's samples are the run's last: every pacer in it stays at CUT of its ceiling from now on,
+    neither at it nor past it. A call refused now would wait its Retry-After (a second or more) while the others
+    finish, and the run would end that much later."""
+    _last_samples.set()
 
 
 class Pacer:
@@ -297,10 +308,8 @@ class Pacer:
             self._pace(now, None)
             cut = True
         elif ticket > self._last_cut and not self._paused_until <= ticket < self._paused_until + AFTER_PAUSE:
-            # (calls sent before the last cut went at the old pace: they count once; and the first calls after a
-            # pause meet the endpoint's second before it: the first pause ends as the burst before it leaves that
-            # second on our clock, and a burst that reached the endpoint late (a busy CPU) is still in it there.
-            # Cut for them, the ceiling would be the few calls sent since the pause.)
+            # (calls sent before the last cut went at the old pace: they count once; the first after a pause may
+            # meet the endpoint's second before it, a burst that reached it late: not the few sent since the pause)
             # A window limit remembers the second before the cut: calls soon after it may still be refused,
             # a cut again only if the endpoint now takes less than the cut rate (the limit went down).
             taken = self._taken(now)
@@ -364,7 +373,9 @@ class Pacer:
             sending = min(self.rate, float(self._sent(now)))
             self._telling = 0.0 if idle else max(sending, self._total * self.share) if self._waiting else sending
         rate = self._ceiling * _climbed(self._climb, self._climb_seconds())
-        if rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
+        if _last_samples.is_set():
+            rate = min(rate, CUT * self._ceiling)
+        elif rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
             rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
         self.rate = _clamp(rate)
 
