@@ -24,7 +24,8 @@ faster and faster past it, so a ceiling that rose is found within a few seconds,
 waiting for the pacer. A lone 429 holds back only its own call, for its Retry-After (the retry loop); the
 rest go on at the cut rate. When the endpoint refuses everything (the first 429, or STREAK in a row with
 no success between), every call waits for the Retry-After, or BARE_PAUSE when the 429 names no time. Once a
-worker's samples are the run's last (last_samples), its rate stays at CUT of the ceiling.
+worker's samples are the run's last and its calls waiting would all start within a second (last_samples), its
+rate stays at CUT of the ceiling.
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ _last_samples = threading.Event()  # set in a worker once the run has no task le
 
 
 def last_samples() -> None:
-    """This process's samples are the run's last: every pacer in it stays at CUT of its ceiling from now on,
-    neither at it nor past it. A call refused now would wait its Retry-After (a second or more) while the others
-    finish, and the run would end that much later."""
+    """This process's samples are the run's last: a pacer in it whose waiting calls would all start within a
+    second stays at CUT of its ceiling, neither at it nor past it. A call refused then would wait its Retry-After
+    (a second or more) while the others finish, and the run would end that much later."""
     _last_samples.set()
 
 
@@ -373,7 +374,7 @@ class Pacer:
             sending = min(self.rate, float(self._sent(now)))
             self._telling = 0.0 if idle else max(sending, self._total * self.share) if self._waiting else sending
         rate = self._ceiling * _climbed(self._climb, self._climb_seconds())
-        if _last_samples.is_set():
+        if _last_samples.is_set() and self._waiting < self.rate:  # (the calls left all go within a second)
             rate = min(rate, CUT * self._ceiling)
         elif rate > self._ceiling:  # past the ceiling, never far ahead of what is really sent (a busy CPU lags)
             rate = min(rate, max(self._ceiling, AHEAD * self._sent(now)))
