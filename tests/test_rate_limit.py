@@ -147,6 +147,22 @@ def paced_after_first_window() -> Pacer:
     return pacer
 
 
+def accepted_calls(pacer: Pacer, stop: float, threads: int = 16) -> None:
+    """More calls than the rate lets through, all accepted, from `threads` threads until `stop`."""
+
+    def calls() -> None:
+        while time.monotonic() < stop:
+            ticket = pacer.acquire(deadline=stop)
+            if ticket is not None:
+                pacer.release(ticket, 200, {})
+
+    callers = [threading.Thread(target=calls) for _ in range(threads)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=60)
+
+
 def burst_then_paced(pacer: Pacer, calls: int = PROBE_WINDOW) -> None:
     """The probe's first `calls` all under way, the first refused (Retry-After: 1) and the others accepted: the
     pacer pauses every call until the endpoint's second is over, then paces at CUT of the burst."""
@@ -188,17 +204,7 @@ def test_a_worker_told_its_samples_are_the_last_stays_below_its_ceiling(monkeypa
         burst_then_paced(pacer, ceiling + 1)
         stop = time.monotonic() + 1.0 + CLIMB + PLATEAU + 1.0  # the pause, the climb, the plateau, then growth
 
-        def calls(pacer=pacer, stop=stop) -> None:  # more calls than the rate lets through, all accepted
-            while time.monotonic() < stop:
-                ticket = pacer.acquire(deadline=stop)
-                if ticket is not None:
-                    pacer.release(ticket, 200, {})
-
-        threads = [threading.Thread(target=calls) for _ in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+        accepted_calls(pacer, stop)
         rates[told] = pacer.rate / ceiling
     assert rates[False] > 1.05, rates  # grown past the ceiling, to find a limit that went up
     assert rates[True] == pytest.approx(CUT), rates
@@ -226,17 +232,7 @@ def test_the_rate_grows_only_while_calls_wait_for_it():
     assert pacer.rate == pytest.approx(rate)
     stop = time.monotonic() + 2 * CLIMB + 0.5
 
-    def calls() -> None:  # more calls than the rate lets through, all accepted
-        while time.monotonic() < stop:
-            ticket = pacer.acquire(deadline=stop)
-            if ticket is not None:
-                pacer.release(ticket, 200, {})
-
-    threads = [threading.Thread(target=calls) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    accepted_calls(pacer, stop)
     assert pacer.rate > rate * 1.02  # on its way back to the ceiling it was cut from
 
 

@@ -23,9 +23,8 @@ the rate climbs back to the ceiling within CLIMB seconds, slowing as it nears it
 faster and faster past it, so a ceiling that rose is found within a few seconds, and only while calls are
 waiting for the pacer. A lone 429 holds back only its own call, for its Retry-After (the retry loop); the
 rest go on at the cut rate. When the endpoint refuses everything (the first 429, or STREAK in a row with
-no success between), every call waits for the Retry-After, or BARE_PAUSE when the 429 names no time. Once a
-worker's samples are the run's last and its calls waiting would all start within a second (last_samples), its
-rate stays at CUT of the ceiling.
+no success between), every call waits for the Retry-After, or BARE_PAUSE when the 429 names no time. A worker's
+last samples, their calls about to run out, stay at CUT of the ceiling (last_samples).
 """
 
 from __future__ import annotations
@@ -98,9 +97,8 @@ _last_samples = threading.Event()  # set in a worker once the run has no task le
 
 
 def last_samples() -> None:
-    """This process's samples are the run's last: a pacer in it whose waiting calls would all start within a
-    second stays at CUT of its ceiling, neither at it nor past it. A call refused then would wait its Retry-After
-    (a second or more) while the others finish, and the run would end that much later."""
+    """This process's samples are the run's last: a pacer whose waiting calls would all start within a second stays
+    at CUT of its ceiling, since a call refused then waits its Retry-After while the others finish: the run's end."""
     _last_samples.set()
 
 
@@ -309,8 +307,7 @@ class Pacer:
             self._pace(now, None)
             cut = True
         elif ticket > self._last_cut and not self._paused_until <= ticket < self._paused_until + AFTER_PAUSE:
-            # (calls sent before the last cut went at the old pace: they count once; the first after a pause may
-            # meet the endpoint's second before it, a burst that reached it late: not the few sent since the pause)
+            # (sent before the last cut, at the old pace: they count once; AFTER_PAUSE: a burst that came late)
             # A window limit remembers the second before the cut: calls soon after it may still be refused,
             # a cut again only if the endpoint now takes less than the cut rate (the limit went down).
             taken = self._taken(now)
