@@ -7,9 +7,10 @@ namespaces entered again for each command (nsenter, prlimit, bash: a lower bound
 a capability the entered user namespace does not give a process that is not its root).
 
 Each candidate runs in a fresh child process: 64 sandboxes at once (one thread each, as 64 samples of a
-worker), each running K commands (`pwd; ls /`) one after the other, then removed. K = 1 and K = 6 (24 in
-Docker): the difference, divided by 64 × 5, is what one command costs beyond its sandbox; the K = 1 run, divided by 64,
-what a sample's sandbox costs with one command. Two measures of CPU, both kernel included:
+worker), each running K commands (`pwd; ls /`) one after the other, then removed. K = 1 and K = 21 (Docker too):
+the difference, divided by 64 × 20, is what one command costs beyond its sandbox; the K = 1 run, divided by 64,
+what a sample's sandbox costs with one command. (With K = 6, the K = 1 run's own variation, 64 sandbox starts of
+~15 ms each, divided over 320 commands, moved a command's figure by ±0.3 ms from one round to the next.) Two measures of CPU, both kernel included:
 - the child's cgroup's (v2 `cpu.stat`; every process the child starts stays in it, orphans a namespace's
   PID 1 reaps included, and no other engineer's is in it), or where no cgroup can be made,
   getrusage(RUSAGE_CHILDREN) around the child (which misses processes reaped outside the tree);
@@ -37,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 COMMAND = "pwd; ls /"
-SANDBOXES, COMMANDS = 64, 6
+SANDBOXES, COMMANDS = 64, 21
 DOCKER_IMAGE = "br-test-busybox:1"  # tests/build_test_image.sh: busybox only, no Python in it
 
 
