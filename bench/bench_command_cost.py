@@ -17,7 +17,9 @@ what a sample's sandbox costs with one command. (With K = 6, the K = 1 run's own
 - the machine's, as (19s) measured it: /proc/stat's busy time over the run, every process and the kernel's
   own threads included (the work the kernel does after a namespace's last process left shows only there),
   and whatever else the machine runs: read it with the load beside it.
-The candidates take turns, `rounds` times; the median of each is printed. Docker's candidates run 8
+The first candidate is the floor of this machine at the time: the command in a subshell of a plain bash loop,
+no runner and no sandbox (this VM runs faster or slower by ~15 % from one hour to the next: read the others
+against it). The candidates take turns, `rounds` times; the median of each is printed. Docker's candidates run 8
 containers at once (the engine's best parallelism here, (12)), in the busybox test image; most of their work
 is the engine's (dockerd, containerd, runc), outside the child's cgroup: only the machine's figure has it.
 
@@ -105,6 +107,7 @@ class _Nsenter:
 
 
 CANDIDATES = {
+    "no sandbox, no runner: a plain bash loop's `( ... )` (the floor)": ("bare", "loop"),
     "bwrap, a sandbox per command (before)": ("bwrap", "apart"),
     "bwrap, a fork of the sample's resident shell": ("bwrap", "resident"),
     "bwrap, the resident shell evals the text (before 2026-12-06)": ("bwrap", "eval"),
@@ -137,6 +140,10 @@ def child(name: str, commands: int) -> None:
         _resident_variant(VARIANTS[how])
 
     def one(_i: int) -> None:
+        if kind == "bare":  # one bash per "sandbox", the command in a subshell of its loop `commands` times
+            loop = f"for ((i = 0; i < {commands}; i++)); do ( {COMMAND} ) > /dev/null; done"
+            subprocess.run(["/bin/bash", "-c", loop], check=True, cwd="/")
+            return
         makers = {"bwrap": lambda: _bwrap(kind), "local": _local, "docker": _docker}
         box = _Nsenter() if how == "nsenter" else makers[kind]()
         run = box._exec_apart if how == "apart" else box.exec
