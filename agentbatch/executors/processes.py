@@ -293,8 +293,6 @@ class LocalExecutor:
                         yield from (lost(task, error) for task in slots.take(i))
                         w.close()
                         workers[i] = _Worker(self._spawn, self.cfg, self.threads, [])
-                        if exhausted:
-                            workers[i].send(HandedOut())
         finally:
             self._stopped = True
             _stop(workers, slots)
