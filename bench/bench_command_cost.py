@@ -10,7 +10,8 @@ Each candidate runs in a fresh child process: 64 sandboxes at once (one thread e
 worker), each running K commands (`pwd; ls /`) one after the other, then removed. K = 1 and K = 21 (Docker too):
 the difference, divided by 64 × 20, is what one command costs beyond its sandbox; the K = 1 run, divided by 64,
 what a sample's sandbox costs with one command. (With K = 6, the K = 1 run's own variation, 64 sandbox starts of
-~15 ms each, divided over 320 commands, moved a command's figure by ±0.3 ms from one round to the next.) Two measures of CPU, both kernel included:
+~15 ms each, divided over 320 commands, moved a command's figure by ±0.3 ms from one round to the next.)
+Two measures of CPU, both kernel included:
 - the child's cgroup's (v2 `cpu.stat`; every process the child starts stays in it, orphans a namespace's
   PID 1 reaps included, and no other engineer's is in it), or where no cgroup can be made,
   getrusage(RUSAGE_CHILDREN) around the child (which misses processes reaped outside the tree);
