@@ -52,7 +52,11 @@ class _Handler(SimpleHTTPRequestHandler):
     def do_GET(self):
         parts = urlsplit(self.path)
         if parts.path == "/pixel.png":
+            time.sleep(float(parse_qs(parts.query).get("delay", ["0"])[0]))  # an image that takes its time
             return self._send(200, PNG_BYTES, "image/png")
+        if parts.path == "/slow-images":
+            slow = '<img src="/pixel.png?delay=1" alt="slow"><img src="/pixel.png?delay=8" alt="too slow">'
+            return self._page("Slow gallery", slow)
         if parts.path == "/search":
             q = parse_qs(parts.query).get("q", [""])[0]
             return self._page("Search results", f"<p>Results for {html.escape(q)}</p>")
@@ -307,6 +311,18 @@ def test_get_images(ctx, site):
     assert out["count"] == 2
     assert out["images"][0] == {"url": f"{site}/pixel.png", "alt": "A red pixel", "width": 1, "height": 1}
     assert out["images"][1]["url"] == f"{site}/pixel.png?second=1" and out["images"][1]["alt"] == ""
+
+
+def test_get_images_waits_a_while_for_images_still_loading(ctx, site):
+    # The navigation returns once the document is parsed, before its images came: the one that comes within
+    # IMAGES_WAIT has its size, the one that does not is listed without one, and the call does not wait for it.
+    ok(ctx, "browser_navigate", url=f"{site}/slow-images")
+    start = time.monotonic()
+    out = ok(ctx, "browser_get_images")
+    took = time.monotonic() - start
+    sizes = {i["alt"]: (i["width"], i["height"]) for i in out["images"]}
+    assert sizes == {"slow": (1, 1), "too slow": (0, 0)}, out
+    assert tools_browser.IMAGES_WAIT - 0.1 <= took < tools_browser.IMAGES_WAIT + 5, took
 
 
 def test_browser_vision_sends_a_screenshot_to_the_vision_model(site):

@@ -37,6 +37,7 @@ ACTION_TIMEOUT = 10.0
 NAVIGATION_GRACE = 0.5  # how long after a click or key press a navigation it triggers may take to start
 SNAPSHOT_MAX_CHARS = 60_000
 MAX_IMAGES = 200
+IMAGES_WAIT = 2.0  # seconds browser_get_images waits for images still loading (a size is 0 until one has)
 REF_ATTR = "data-br-ref"
 _REF = re.compile(r"^\[?(e\d+)\]?$")
 
@@ -255,7 +256,8 @@ def browser_get_images(ctx: ToolContext) -> dict:
     """List the images on the current page: URL, alt text and size."""
 
     def images(live: Live) -> dict:
-        found = live.page.evaluate(IMAGES_JS, MAX_IMAGES)
+        wait_ms = min(IMAGES_WAIT * 1000, live.timeout_ms / 2)
+        found = live.page.evaluate(IMAGES_JS, [MAX_IMAGES, wait_ms])
         return {"url": live.page.url, "images": found, "count": len(found)}
 
     return _run(ctx, images)

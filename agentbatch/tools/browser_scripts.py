@@ -116,13 +116,26 @@ SNAPSHOT_JS = r"""
 }
 """
 
+# A navigation returns at DOMContentLoaded, before the page's images have loaded (naturalWidth 0 until then): wait up
+# to `waitMs` for those still loading, lazy ones apart (one below the fold loads only when scrolled to).
 IMAGES_JS = """
-(limit) => Array.from(document.images).slice(0, limit).map((img) => ({
-  url: (img.currentSrc || img.src || "").slice(0, 500),
-  alt: img.alt || "",
-  width: img.naturalWidth,
-  height: img.naturalHeight,
-})).filter((i) => i.url)
+async ([limit, waitMs]) => {
+  const images = Array.from(document.images).slice(0, limit);
+  const loading = images.filter((img) => !img.complete && img.loading !== "lazy");
+  if (loading.length) {
+    const loaded = (img) => new Promise((done) => {
+      img.addEventListener("load", done, { once: true });
+      img.addEventListener("error", done, { once: true });
+    });
+    await Promise.race([Promise.all(loading.map(loaded)), new Promise((done) => setTimeout(done, waitMs))]);
+  }
+  return images.map((img) => ({
+    url: (img.currentSrc || img.src || "").slice(0, 500),
+    alt: img.alt || "",
+    width: img.naturalWidth,
+    height: img.naturalHeight,
+  })).filter((i) => i.url);
+}
 """
 
 # Scroll events fire on the next frame: wait two frames (and a beat for timers) so that content a page adds
